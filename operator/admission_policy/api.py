@@ -1,0 +1,456 @@
+"""The AdmissionPolicy API: parse a policy object into immutable typed values.
+
+Parsing is strict: an unknown field is an error, because a misspelt ``validaitons`` that is
+silently ignored is a policy that silently allows. Every error names the field path
+(``spec.validations[2].expression``) so it can be fixed from the message alone.
+
+``ACCEPTED_FIELDS`` declares, per object in the schema, the fields the parser reads; a test
+holds the CRD's structural schema to exactly these fields.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Literal, TypeAlias, cast
+
+GROUP: Final = "policy-operator.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "AdmissionPolicy"
+PLURAL: Final = "admissionpolicies"
+
+Enforcement: TypeAlias = Literal["Enforce", "Warn", "Audit"]
+FailurePolicy: TypeAlias = Literal["Fail", "Ignore"]
+MergeMode: TypeAlias = Literal["Overwrite", "IfAbsent"]
+
+ENFORCEMENTS: Final = ("Enforce", "Warn", "Audit")
+FAILURE_POLICIES: Final = ("Fail", "Ignore")
+MERGE_MODES: Final = ("Overwrite", "IfAbsent")
+OPERATIONS: Final = ("CREATE", "UPDATE", "DELETE", "CONNECT", "*")
+PATCH_OPS: Final = ("add", "remove", "replace", "copy", "move", "test")
+SELECTOR_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist")
+
+# Validation reasons and the HTTP codes the API server reports for them.
+REASON_CODES: Final[Mapping[str, int]] = {
+    "Forbidden": 403,
+    "Invalid": 422,
+    "Unauthorized": 401,
+    "RequestEntityTooLarge": 413,
+}
+
+# The fields each object may carry, by schema path ("[]" marks list items).
+ACCEPTED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
+    "": frozenset({"apiVersion", "kind", "metadata", "spec", "status"}),
+    "spec": frozenset({
+        "description", "enforcement", "failurePolicy", "match", "variables", "validations", "mutations",
+    }),
+    "spec.match": frozenset({
+        "resources", "namespaceSelector", "objectSelector", "excludeNamespaces", "conditions",
+    }),
+    "spec.match.resources[]": frozenset({"apiGroups", "apiVersions", "resources", "operations"}),
+    "spec.match.namespaceSelector": frozenset({"matchLabels", "matchExpressions"}),
+    "spec.match.namespaceSelector.matchExpressions[]": frozenset({"key", "operator", "values"}),
+    "spec.match.objectSelector": frozenset({"matchLabels", "matchExpressions"}),
+    "spec.match.objectSelector.matchExpressions[]": frozenset({"key", "operator", "values"}),
+    "spec.match.conditions[]": frozenset({"name", "expression"}),
+    "spec.variables[]": frozenset({"name", "expression"}),
+    "spec.validations[]": frozenset({"expression", "message", "messageExpression", "reason"}),
+    "spec.mutations[]": frozenset({"name", "condition", "jsonPatch", "merge", "mergeMode"}),
+    "spec.mutations[].jsonPatch[]": frozenset({"op", "path", "from", "value", "valueExpression"}),
+    "status": frozenset({"phase", "observedGeneration", "conditions"}),
+    "status.conditions[]": frozenset({
+        "type", "status", "reason", "message", "lastTransitionTime", "observedGeneration",
+    }),
+}
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be used, with the field path and what is wrong with it."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}" if path else message)
+        self.path = path
+        self.message = message
+
+
+@dataclasses.dataclass(frozen=True)
+class Expression:
+    """A CEL source with the field path it came from, for error messages."""
+    source: str
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class NamedExpression:
+    name: str
+    expression: Expression
+
+
+@dataclasses.dataclass(frozen=True)
+class ResourceRule:
+    api_groups: tuple[str, ...]
+    api_versions: tuple[str, ...]
+    resources: tuple[str, ...]
+    operations: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelRequirement:
+    key: str
+    operator: str
+    values: frozenset[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelSelector:
+    """A Kubernetes LabelSelector; the empty selector matches everything."""
+    match_labels: tuple[tuple[str, str], ...] = ()
+    match_expressions: tuple[LabelRequirement, ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.match_labels and not self.match_expressions
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        for key, value in self.match_labels:
+            if labels.get(key) != value:
+                return False
+        for req in self.match_expressions:
+            present = req.key in labels
+            if req.operator == "In" and not (present and labels[req.key] in req.values):
+                return False
+            if req.operator == "NotIn" and present and labels[req.key] in req.values:
+                return False
+            if req.operator == "Exists" and not present:
+                return False
+            if req.operator == "DoesNotExist" and present:
+                return False
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Match:
+    resources: tuple[ResourceRule, ...]
+    namespace_selector: LabelSelector = LabelSelector()
+    object_selector: LabelSelector = LabelSelector()
+    exclude_namespaces: frozenset[str] = frozenset()
+    conditions: tuple[NamedExpression, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Validation:
+    expression: Expression
+    message: str | None
+    message_expression: Expression | None
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchOperation:
+    """One RFC 6902 operation; ``value`` is fixed JSON, ``value_expression`` computes it."""
+    op: str
+    path: str
+    from_: str | None
+    value: Any
+    value_expression: Expression | None
+    field_path: str
+
+    @property
+    def has_value(self) -> bool:
+        return self.op in ("add", "replace", "test")
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    name: str
+    condition: Expression | None
+    json_patch: tuple[PatchOperation, ...] | None
+    merge: Any  # a JSON object (RFC 7386 merge patch), or None with json_patch
+    merge_mode: MergeMode
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmissionPolicy:
+    name: str
+    generation: int
+    description: str
+    enforcement: Enforcement
+    failure_policy: FailurePolicy
+    match: Match
+    variables: tuple[NamedExpression, ...]
+    validations: tuple[Validation, ...]
+    mutations: tuple[Mutation, ...]
+
+    def expressions(self) -> list[Expression]:
+        """Every CEL expression of the policy, in field order."""
+        found = [c.expression for c in self.match.conditions]
+        found += [v.expression for v in self.variables]
+        for validation in self.validations:
+            found.append(validation.expression)
+            if validation.message_expression is not None:
+                found.append(validation.message_expression)
+        for mutation in self.mutations:
+            if mutation.condition is not None:
+                found.append(mutation.condition)
+            for op in mutation.json_patch or ():
+                if op.value_expression is not None:
+                    found.append(op.value_expression)
+        return found
+
+
+def parse_policy(obj: Any, *, default_failure_policy: FailurePolicy = "Fail") -> AdmissionPolicy:
+    """Turn an AdmissionPolicy object (as stored in the cluster or a file) into typed values."""
+    root = _mapping(obj, "")
+    _check_fields(root, "", "")
+    if root.get("apiVersion") not in (None, API_VERSION):
+        raise PolicyError("apiVersion", f"must be {API_VERSION!r}, got {root.get('apiVersion')!r}")
+    if root.get("kind") not in (None, KIND):
+        raise PolicyError("kind", f"must be {KIND!r}, got {root.get('kind')!r}")
+    metadata = _mapping(root.get("metadata"), "metadata")
+    name = _string(metadata.get("name"), "metadata.name")
+    if not name:
+        raise PolicyError("metadata.name", "must not be empty")
+    generation = metadata.get("generation", 0)
+    if not isinstance(generation, int) or isinstance(generation, bool):
+        raise PolicyError("metadata.generation", "must be an integer")
+
+    spec = _mapping(root.get("spec"), "spec")
+    _check_fields(spec, "spec", "spec")
+    description = _string(spec.get("description", ""), "spec.description")
+    enforcement = _enum(spec.get("enforcement", "Enforce"), "spec.enforcement", ENFORCEMENTS)
+    failure_policy = _enum(spec.get("failurePolicy", default_failure_policy), "spec.failurePolicy",
+                           FAILURE_POLICIES)
+    if "match" not in spec:
+        raise PolicyError("spec.match", "is required")
+    match = _parse_match(spec["match"])
+    variables = tuple(
+        _parse_named(item, f"spec.variables[{i}]", "spec.variables[]")
+        for i, item in enumerate(_list(spec.get("variables", []), "spec.variables"))
+    )
+    _check_unique([v.name for v in variables], "spec.variables", "variable")
+    validations = tuple(
+        _parse_validation(item, f"spec.validations[{i}]")
+        for i, item in enumerate(_list(spec.get("validations", []), "spec.validations"))
+    )
+    mutations = tuple(
+        _parse_mutation(item, f"spec.mutations[{i}]", i)
+        for i, item in enumerate(_list(spec.get("mutations", []), "spec.mutations"))
+    )
+    if not validations and not mutations:
+        raise PolicyError("spec", "needs at least one validation or mutation")
+    return AdmissionPolicy(
+        name=name,
+        generation=generation,
+        description=description,
+        enforcement=cast(Enforcement, enforcement),
+        failure_policy=cast(FailurePolicy, failure_policy),
+        match=match,
+        variables=variables,
+        validations=validations,
+        mutations=mutations,
+    )
+
+
+def _parse_match(value: Any) -> Match:
+    path = "spec.match"
+    raw = _mapping(value, path)
+    _check_fields(raw, path, path)
+    resources_raw = _list(raw.get("resources"), f"{path}.resources")
+    if not resources_raw:
+        raise PolicyError(f"{path}.resources", "needs at least one resource rule")
+    resources = tuple(_parse_rule(item, f"{path}.resources[{i}]") for i, item in enumerate(resources_raw))
+    conditions = tuple(
+        _parse_named(item, f"{path}.conditions[{i}]", f"{path}.conditions[]")
+        for i, item in enumerate(_list(raw.get("conditions", []), f"{path}.conditions"))
+    )
+    _check_unique([c.name for c in conditions], f"{path}.conditions", "condition")
+    return Match(
+        resources=resources,
+        namespace_selector=_parse_selector(raw.get("namespaceSelector"), f"{path}.namespaceSelector"),
+        object_selector=_parse_selector(raw.get("objectSelector"), f"{path}.objectSelector"),
+        exclude_namespaces=frozenset(_strings(raw.get("excludeNamespaces", []), f"{path}.excludeNamespaces")),
+        conditions=conditions,
+    )
+
+
+def _parse_rule(value: Any, path: str) -> ResourceRule:
+    raw = _mapping(value, path)
+    _check_fields(raw, path, "spec.match.resources[]")
+    fields: dict[str, tuple[str, ...]] = {}
+    for key in ("apiGroups", "apiVersions", "resources", "operations"):
+        items = _strings(raw.get(key), f"{path}.{key}")
+        if not items:
+            raise PolicyError(f"{path}.{key}", "needs at least one entry (use \"*\" for all)")
+        fields[key] = tuple(items)
+    for i, op in enumerate(fields["operations"]):
+        _enum(op, f"{path}.operations[{i}]", OPERATIONS)
+    for i, resource in enumerate(fields["resources"]):
+        if not resource or resource.count("/") > 1 or resource.startswith("/") or resource.endswith("/"):
+            raise PolicyError(f"{path}.resources[{i}]",
+                              f"{resource!r} is not a resource: use \"pods\", \"pods/status\" or \"*\"")
+    return ResourceRule(fields["apiGroups"], fields["apiVersions"], fields["resources"], fields["operations"])
+
+
+def _parse_selector(value: Any, path: str) -> LabelSelector:
+    if value is None:
+        return LabelSelector()
+    raw = _mapping(value, path)
+    _check_fields(raw, path, path)
+    labels = _mapping(raw.get("matchLabels", {}), f"{path}.matchLabels")
+    for key, label in labels.items():
+        _string(label, f"{path}.matchLabels.{key}")
+    requirements = []
+    for i, item in enumerate(_list(raw.get("matchExpressions", []), f"{path}.matchExpressions")):
+        item_path = f"{path}.matchExpressions[{i}]"
+        req = _mapping(item, item_path)
+        _check_fields(req, item_path, f"{path}.matchExpressions[]")
+        key = _string(req.get("key"), f"{item_path}.key")
+        operator = _enum(req.get("operator"), f"{item_path}.operator", SELECTOR_OPERATORS)
+        values = _strings(req.get("values", []), f"{item_path}.values")
+        if operator in ("In", "NotIn") and not values:
+            raise PolicyError(f"{item_path}.values", f"must not be empty with operator {operator}")
+        if operator in ("Exists", "DoesNotExist") and values:
+            raise PolicyError(f"{item_path}.values", f"must be empty with operator {operator}")
+        requirements.append(LabelRequirement(key, operator, frozenset(values)))
+    return LabelSelector(tuple(sorted(labels.items())), tuple(requirements))
+
+
+def _parse_named(value: Any, path: str, schema_path: str) -> NamedExpression:
+    """A variable (whose name CEL reads as ``variables.<name>``) or a match condition."""
+    raw = _mapping(value, path)
+    _check_fields(raw, path, schema_path)
+    name = _string(raw.get("name"), f"{path}.name")
+    if not name:
+        raise PolicyError(f"{path}.name", "must not be empty")
+    if schema_path == "spec.variables[]" and not name.isidentifier():
+        raise PolicyError(f"{path}.name", f"{name!r} must be a CEL identifier (letters, digits, _)")
+    return NamedExpression(name, _expression(raw.get("expression"), f"{path}.expression"))
+
+
+def _parse_validation(value: Any, path: str) -> Validation:
+    raw = _mapping(value, path)
+    _check_fields(raw, path, "spec.validations[]")
+    message = raw.get("message")
+    if message is not None:
+        message = _string(message, f"{path}.message")
+    message_expression = None
+    if raw.get("messageExpression") is not None:
+        message_expression = _expression(raw["messageExpression"], f"{path}.messageExpression")
+    reason = _enum(raw.get("reason", "Forbidden"), f"{path}.reason", tuple(REASON_CODES))
+    return Validation(_expression(raw.get("expression"), f"{path}.expression"), message,
+                      message_expression, reason)
+
+
+def _parse_mutation(value: Any, path: str, index: int) -> Mutation:
+    raw = _mapping(value, path)
+    _check_fields(raw, path, "spec.mutations[]")
+    name = _string(raw.get("name", f"mutation-{index}"), f"{path}.name")
+    condition = None
+    if raw.get("condition") is not None:
+        condition = _expression(raw["condition"], f"{path}.condition")
+    has_patch, has_merge = raw.get("jsonPatch") is not None, raw.get("merge") is not None
+    if has_patch == has_merge:
+        raise PolicyError(path, "needs exactly one of jsonPatch or merge")
+    merge_mode = _enum(raw.get("mergeMode", "Overwrite"), f"{path}.mergeMode", MERGE_MODES)
+    json_patch = None
+    merge = None
+    if has_patch:
+        ops = _list(raw["jsonPatch"], f"{path}.jsonPatch")
+        if not ops:
+            raise PolicyError(f"{path}.jsonPatch", "needs at least one operation")
+        json_patch = tuple(_parse_patch_op(op, f"{path}.jsonPatch[{i}]") for i, op in enumerate(ops))
+    else:
+        merge = copy.deepcopy(dict(_mapping(raw["merge"], f"{path}.merge")))
+    return Mutation(name, condition, json_patch, merge, cast(MergeMode, merge_mode), path)
+
+
+def _parse_patch_op(value: Any, path: str) -> PatchOperation:
+    raw = _mapping(value, path)
+    _check_fields(raw, path, "spec.mutations[].jsonPatch[]")
+    op = _enum(raw.get("op"), f"{path}.op", PATCH_OPS)
+    pointer = _pointer(raw.get("path"), f"{path}.path")
+    from_ = None
+    if op in ("copy", "move"):
+        from_ = _pointer(raw.get("from"), f"{path}.from")
+    elif "from" in raw:
+        raise PolicyError(f"{path}.from", f"is only for copy and move, not {op}")
+    has_value, has_expression = "value" in raw, raw.get("valueExpression") is not None
+    value_expression = None
+    if op in ("add", "replace", "test"):
+        if has_value == has_expression:
+            raise PolicyError(path, f"op {op} needs exactly one of value or valueExpression")
+        if has_expression:
+            value_expression = _expression(raw["valueExpression"], f"{path}.valueExpression")
+    elif has_value or has_expression:
+        raise PolicyError(path, f"op {op} takes no value or valueExpression")
+    return PatchOperation(op, pointer, from_, copy.deepcopy(raw.get("value")), value_expression, path)
+
+
+# Small typed readers: each raises a PolicyError that names the field.
+
+def _check_fields(raw: Mapping[str, Any], path: str, schema_path: str) -> None:
+    unknown = sorted(set(raw) - ACCEPTED_FIELDS[schema_path])
+    if unknown:
+        where = f"{path}.{unknown[0]}" if path else unknown[0]
+        allowed = ", ".join(sorted(ACCEPTED_FIELDS[schema_path]))
+        raise PolicyError(where, f"unknown field (allowed here: {allowed})")
+
+
+def _check_unique(names: Sequence[str], path: str, what: str) -> None:
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if name in seen:
+            raise PolicyError(f"{path}[{i}].name", f"duplicate {what} name {name!r}")
+        seen.add(name)
+
+
+def _mapping(value: Any, path: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise PolicyError(path, f"must be an object, got {_type_name(value)}")
+    return value
+
+
+def _list(value: Any, path: str) -> Sequence[Any]:
+    if not isinstance(value, list):
+        raise PolicyError(path, f"must be a list, got {_type_name(value)}")
+    return value
+
+
+def _string(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        raise PolicyError(path, f"must be a string, got {_type_name(value)}")
+    return value
+
+
+def _strings(value: Any, path: str) -> list[str]:
+    return [_string(item, f"{path}[{i}]") for i, item in enumerate(_list(value, path))]
+
+
+def _enum(value: Any, path: str, allowed: Sequence[str]) -> str:
+    if value not in allowed:
+        choices = " | ".join(allowed)
+        raise PolicyError(path, f"must be one of {choices}, got {value!r}")
+    return cast(str, value)
+
+
+def _expression(value: Any, path: str) -> Expression:
+    source = _string(value, path)
+    if not source.strip():
+        raise PolicyError(path, "must not be empty")
+    return Expression(source, path)
+
+
+def _pointer(value: Any, path: str) -> str:
+    pointer = _string(value, path)
+    if not pointer.startswith("/"):
+        raise PolicyError(path, f"{pointer!r} is not a JSON pointer (it must start with '/')")
+    return pointer
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            int: "a number", float: "a number"}.get(type(value), type(value).__name__)

@@ -1,0 +1,196 @@
+"""``admission-policy``: evaluate policies offline, with the very engine the webhook runs.
+
+Exit codes: 0 success, 1 an expectation of a test suite failed, 2 unusable input.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple, NoReturn
+
+import click
+
+from ..engine import Decision, Phase, PolicySet, ReviewError, build_response, evaluate, parse_review
+from .documents import Document, InputError, dump_json, load_policies, read_documents, walk
+from .report import decision_json, decision_text, suites_json, suites_text
+from .requests import build_review, namespace_object
+from .suite import SuiteResult, is_suite, run_suite
+
+_OPERATIONS = click.Choice(["CREATE", "UPDATE", "DELETE", "CONNECT"], case_sensitive=False)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="admission-policy-operator")
+def main() -> None:
+    """AdmissionPolicy: Kubernetes admission rules in CEL.
+
+    \b
+    Offline (no cluster):
+      admission-policy test examples/                    run every AdmissionPolicyTest suite
+      admission-policy test -p policy.yaml pod.yaml      show what the policies do to an object
+      admission-policy review -p policy.yaml review.json print the webhook's AdmissionReview response
+    Operator:
+      admission-policy run                               run the operator (Kopf) with settings from flags/env
+    """
+
+
+@main.command()
+@click.option("-p", "--policy", "policy_paths", multiple=True, type=click.Path(),
+              help="AdmissionPolicy file or directory (repeatable), for the objects given as PATHs.")
+@click.option("--operation", default="CREATE", type=_OPERATIONS, show_default=True,
+              help="Operation for plain objects.")
+@click.option("--old", "old_path", type=click.Path(), help="The old object, for UPDATE and DELETE.")
+@click.option("--namespace-labels", "namespace_labels", default="",
+              help="Labels of the object's namespace, as k=v,k2=v2.")
+@click.option("--user", default="admission-policy-cli", show_default=True, help="userInfo.username.")
+@click.option("--group", "groups", multiple=True, help="userInfo.groups entry (repeatable).")
+@click.option("--subresource", default="", help="subResource for plain objects, e.g. status.")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.argument("paths", nargs=-1, type=click.Path())
+def test(policy_paths: Sequence[str], operation: str, old_path: str | None, namespace_labels: str, user: str,
+         groups: Sequence[str], subresource: str, output: str, paths: Sequence[str]) -> None:
+    """Run AdmissionPolicyTest suites, or evaluate objects against policies.
+
+    Each PATH is a file or directory. In directories, AdmissionPolicyTest suites are run. In
+    files, a suite is run, an AdmissionReview is evaluated as it is, and any other object is
+    evaluated as a request with --operation, against the policies given with --policy.
+    Exits 1 when a suite expectation fails, 2 on unusable input.
+    """
+    try:
+        suites, inputs = _classify(paths)
+        if not suites and not inputs:
+            raise InputError("nothing to test: give AdmissionPolicyTest suites or objects (see --help)")
+        if inputs and not policy_paths:
+            raise InputError("objects to evaluate need policies: add --policy FILE_OR_DIR")
+        policies = PolicySet(load_policies(policy_paths)) if policy_paths else PolicySet()
+        if policy_paths and not len(policies):
+            raise InputError(f"no AdmissionPolicy found in {', '.join(policy_paths)}")
+        old = _single_object(old_path) if old_path else None
+        labels = _parse_labels(namespace_labels)
+        user_info = {"username": user, "groups": list(groups) or ["system:authenticated"]}
+        results = [run_suite(document) for document in suites]
+        evaluated = [_evaluate_input(policies, document, operation.upper(), old, labels, user_info, subresource)
+                     for document in inputs]
+    except InputError as exc:
+        _fail(exc)
+    _print_test_results(results, evaluated, output)
+    failed = sum(not case.passed for suite in results for case in suite.cases)
+    sys.exit(1 if failed else 0)
+
+
+@main.command()
+@click.option("-p", "--policy", "policy_paths", multiple=True, type=click.Path(), required=True,
+              help="AdmissionPolicy file or directory (repeatable).")
+@click.option("-n", "--namespace", "namespace_paths", multiple=True, type=click.Path(),
+              help="Namespace object(s), for namespaceSelector and namespaceObject (repeatable).")
+@click.option("--phase", type=click.Choice([p.value for p in Phase]), default=Phase.ALL.value, show_default=True,
+              help="Which webhook to act as: mutate, validate, or both in the API server's order.")
+@click.argument("review_path", metavar="REVIEW.json|-", type=click.Path())
+def review(policy_paths: Sequence[str], namespace_paths: Sequence[str], phase: str, review_path: str) -> None:
+    """Print the AdmissionReview response the webhook returns for an AdmissionReview request.
+
+    Exits 0 whenever a response was produced, allowed or not; 2 for unusable input.
+    """
+    try:
+        policies = PolicySet(load_policies(policy_paths))
+        namespaces: dict[str, Any] = {}
+        for path in namespace_paths:
+            for document in read_documents(path):
+                if document.kind != "Namespace":
+                    raise InputError(f"{document.source}: expected a Namespace, got kind {document.kind!r}")
+                namespaces[str((document.body.get("metadata") or {}).get("name", ""))] = document.body
+        documents = read_documents(review_path)
+        if len(documents) != 1:
+            raise InputError(f"{review_path}: expected one AdmissionReview, found {len(documents)} documents")
+        try:
+            request = parse_review(documents[0].body)
+        except ReviewError as exc:
+            raise InputError(f"{review_path}: invalid AdmissionReview: {exc}") from None
+    except InputError as exc:
+        _fail(exc)
+    decision = evaluate(policies, request, namespaces.get(request.namespace), Phase(phase))
+    click.echo(json.dumps(build_response(decision, request.uid, request.api_version), indent=2))
+
+
+class _Evaluated(NamedTuple):
+    source: str
+    title: str
+    decision: Decision
+    original: Any
+
+
+def _classify(paths: Sequence[str]) -> tuple[list[Document], list[Document]]:
+    suites: list[Document] = []
+    inputs: list[Document] = []
+    for root in paths:
+        in_directory = Path(root).is_dir()
+        for file in walk(Path(root)):
+            for document in read_documents(file):
+                if is_suite(document):
+                    suites.append(document)
+                elif not in_directory and document.kind != "AdmissionPolicy":
+                    if not isinstance(document.body, dict):
+                        raise InputError(f"{document.source}: expected a Kubernetes object")
+                    inputs.append(document)
+    return suites, inputs
+
+
+def _evaluate_input(policies: PolicySet, document: Document, operation: str, old: Any,
+                    labels: dict[str, str], user_info: dict[str, Any], subresource: str) -> _Evaluated:
+    try:
+        if document.kind == "AdmissionReview":
+            review_body = document.body
+        else:
+            obj = None if operation == "DELETE" else document.body
+            review_body = build_review(operation=operation, obj=obj, old=old if old is not None else (
+                document.body if operation == "DELETE" else None), sub_resource=subresource, user_info=user_info)
+        request = parse_review(review_body)
+    except (ReviewError, ValueError) as exc:
+        raise InputError(f"{document.source}: {exc}") from None
+    namespace = namespace_object(request.namespace, labels) if request.namespace else None
+    decision = evaluate(policies, request, namespace, Phase.ALL)
+    what = f"{request.resource}{'/' + request.sub_resource if request.sub_resource else ''}"
+    name = f"{request.namespace}/{request.name}" if request.namespace else request.name
+    title = f"{document.source} ({what} {name}, {request.operation})"
+    return _Evaluated(document.source, title, decision,
+                      request.object if request.object is not None else request.old_object)
+
+
+def _print_test_results(results: list[SuiteResult], evaluated: list[_Evaluated], output: str) -> None:
+    if output == "json":
+        click.echo(dump_json({
+            "suites": suites_json(results),
+            "inputs": [decision_json(item.source, item.decision) for item in evaluated],
+        }))
+        return
+    for item in evaluated:
+        click.echo(decision_text(item.title, item.decision, item.original))
+    if results:
+        click.echo(suites_text(results))
+        passed = sum(case.passed for suite in results for case in suite.cases)
+        failed = sum(not case.passed for suite in results for case in suite.cases)
+        click.echo(f"\n{len(results)} suite(s): {passed} case(s) passed, {failed} failed")
+
+
+def _single_object(path: str) -> Any:
+    documents = read_documents(path)
+    if len(documents) != 1 or not isinstance(documents[0].body, dict):
+        raise InputError(f"{path}: expected exactly one object")
+    return documents[0].body
+
+
+def _parse_labels(text: str) -> dict[str, str]:
+    labels = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"--namespace-labels: {item!r} is not key=value")
+        labels[key] = value
+    return labels
+
+
+def _fail(error: Exception) -> NoReturn:
+    click.echo(f"error: {error}", err=True)
+    sys.exit(2)

@@ -1,0 +1,161 @@
+"""AdmissionPolicyTest suites: cases with expectations, run through the same engine."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .. import api
+from ..engine import Decision, Phase, PolicySet, ReviewError, evaluate, parse_review
+from .documents import Document, InputError, load_policies, read_documents
+from .report import yaml_diff
+from .requests import build_review, namespace_object
+
+SUITE_KIND = "AdmissionPolicyTest"
+_CASE_FIELDS = frozenset({"name", "operation", "object", "oldObject", "subResource", "resource",
+                          "namespaceLabels", "userInfo", "dryRun", "expect"})
+_EXPECT_FIELDS = frozenset({"allowed", "code", "messageContains", "warnings", "auditAnnotations",
+                            "patched", "mutated"})
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseResult:
+    name: str
+    decision: Decision | None
+    problems: tuple[str, ...]
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteResult:
+    source: str
+    name: str
+    cases: tuple[CaseResult, ...]
+
+
+def run_suite(document: Document) -> SuiteResult:
+    """Load a suite's policies and run every case; unusable input raises InputError."""
+    suite = _mapping(document.body, document.source, "the suite")
+    unknown = set(suite) - {"apiVersion", "kind", "metadata", "policies", "cases"}
+    if unknown:
+        raise InputError(f"{document.source}: unknown field {sorted(unknown)[0]!r} in AdmissionPolicyTest")
+    base = Path(document.source.split("#", 1)[0]).parent
+    name = str((suite.get("metadata") or {}).get("name", base.name))
+    policy_paths = suite.get("policies", ["."])
+    if not isinstance(policy_paths, list) or not all(isinstance(p, str) for p in policy_paths):
+        raise InputError(f"{document.source}: policies must be a list of paths")
+    if policy_paths == ["."]:
+        # Only this directory, not the tree below it.
+        files = [p for p in sorted(base.iterdir()) if p.suffix in (".yaml", ".yml", ".json")]
+        policies = load_policies(files)
+    else:
+        policies = load_policies(base / p for p in policy_paths)
+    if not policies:
+        raise InputError(f"{document.source}: no AdmissionPolicy found in {policy_paths}")
+    policy_set = PolicySet(policies)
+    cases = suite.get("cases")
+    if not isinstance(cases, list) or not cases:
+        raise InputError(f"{document.source}: cases must be a non-empty list")
+    results = []
+    seen: set[str] = set()
+    for index, case in enumerate(cases):
+        where = f"{document.source}: cases[{index}]"
+        case = _mapping(case, where, "a case")
+        case_name = str(case.get("name") or f"case {index}")
+        if case_name in seen:
+            raise InputError(f"{where}: duplicate case name {case_name!r}")
+        seen.add(case_name)
+        results.append(_run_case(policy_set, case, case_name, base, where))
+    return SuiteResult(document.source, name, tuple(results))
+
+
+def _run_case(policies: PolicySet, case: Mapping[str, Any], name: str, base: Path, where: str) -> CaseResult:
+    unknown = set(case) - _CASE_FIELDS
+    if unknown:
+        raise InputError(f"{where}: unknown field {sorted(unknown)[0]!r} (allowed: {', '.join(sorted(_CASE_FIELDS))})")
+    expect = _mapping(case.get("expect"), where, "expect")
+    unknown = set(expect) - _EXPECT_FIELDS
+    if unknown:
+        raise InputError(f"{where}.expect: unknown field {sorted(unknown)[0]!r}")
+    if not isinstance(expect.get("allowed"), bool):
+        raise InputError(f"{where}.expect.allowed is required (true or false)")
+    operation = str(case.get("operation", "CREATE"))
+    obj = _object(case.get("object"), base, f"{where}.object")
+    old = _object(case.get("oldObject"), base, f"{where}.oldObject")
+    try:
+        review = build_review(operation=operation, obj=obj, old=old, sub_resource=str(case.get("subResource", "")),
+                              resource=case.get("resource"), user_info=case.get("userInfo"),
+                              dry_run=bool(case.get("dryRun", False)))
+        request = parse_review(review)
+    except (ValueError, ReviewError) as exc:
+        raise InputError(f"{where}: {exc}") from None
+    namespace = None
+    if request.namespace:
+        namespace = namespace_object(request.namespace, case.get("namespaceLabels") or {})
+    decision = evaluate(policies, request, namespace, Phase.ALL)
+    expected_patched = None
+    if "patched" in expect:
+        expected_patched = _object(expect["patched"], base, f"{where}.expect.patched")
+    return CaseResult(name, decision, tuple(check(decision, expect, expected_patched)))
+
+
+def check(decision: Decision, expect: Mapping[str, Any], patched: Any) -> list[str]:
+    """Every way the decision differs from the expectation, as readable sentences."""
+    problems = []
+    if decision.allowed != expect["allowed"]:
+        got = "allowed" if decision.allowed else f"denied: {decision.message}"
+        problems.append(f"expected {'allowed' if expect['allowed'] else 'denied'}, got {got}")
+    if "code" in expect and not decision.allowed and decision.code != expect["code"]:
+        problems.append(f"expected code {expect['code']}, got {decision.code}")
+    for text in _texts(expect.get("messageContains")):
+        if text not in decision.message:
+            problems.append(f"expected the message to contain {text!r}, got {decision.message!r}")
+    if "warnings" in expect:
+        wanted = _texts(expect["warnings"])
+        if not wanted and decision.warnings:
+            problems.append(f"expected no warnings, got {list(decision.warnings)}")
+        for text in wanted:
+            if not any(text in warning for warning in decision.warnings):
+                problems.append(f"expected a warning containing {text!r}, got {list(decision.warnings)}")
+    if "auditAnnotations" in expect and dict(decision.audit_annotations) != (expect["auditAnnotations"] or {}):
+        problems.append(f"expected auditAnnotations {expect['auditAnnotations']}, "
+                        f"got {dict(decision.audit_annotations)}")
+    if "mutated" in expect and bool(decision.patch) != bool(expect["mutated"]):
+        problems.append(f"expected mutated={bool(expect['mutated'])}, got patch {list(decision.patch)}")
+    if patched is not None and decision.patched_object != patched:
+        problems.append("the patched object differs from the expected one:\n"
+                        + yaml_diff(patched, decision.patched_object, "expected", "actual"))
+    return problems
+
+
+def _texts(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+
+def _object(value: Any, base: Path, where: str) -> Any:
+    """An inline object, or the single document of a file relative to the suite."""
+    if value is None or isinstance(value, Mapping):
+        return value
+    if not isinstance(value, str):
+        raise InputError(f"{where}: must be an object or a file path")
+    documents = read_documents(base / value)
+    if len(documents) != 1 or not isinstance(documents[0].body, Mapping):
+        raise InputError(f"{where}: {base / value} must hold exactly one object")
+    return documents[0].body
+
+
+def _mapping(value: Any, where: str, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InputError(f"{where}: {what} must be an object")
+    return value
+
+
+def is_suite(document: Document) -> bool:
+    return document.kind == SUITE_KIND and (
+        not isinstance(document.body, Mapping) or document.body.get("apiVersion") in (None, api.API_VERSION))

@@ -1,0 +1,314 @@
+"""compiled policies + request → Decision. Pure and synchronous: no I/O, no Kopf, no clients.
+
+The API server calls mutating webhooks first and validating ones on the final object, so
+``Phase.ALL`` (the CLI) runs every mutation of every matching policy, in name order, and then
+every validation; the webhook handlers run one phase each.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jsonpatch
+
+from ..api import REASON_CODES, LabelSelector
+from ..cel import CelEvaluationError, CompiledExpression, new_activation
+from .compiler import CompiledMutation, CompiledPolicy
+from .patching import PatchError, apply_operation, merge
+from .policyset import PolicySet
+from .request import AdmissionRequest
+
+
+class Phase(enum.Enum):
+    MUTATE = "mutate"
+    VALIDATE = "validate"
+    ALL = "all"
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyOutcome:
+    """What one matching policy did to the request: for reports, metrics and events."""
+    policy: str
+    enforcement: str
+    failures: tuple[str, ...] = ()    # failed validations (and errors under failurePolicy Fail)
+    errors: tuple[str, ...] = ()      # evaluation errors, whatever the failure policy
+    mutated: bool = False
+    denied: bool = False              # this policy denies the request
+
+    @property
+    def result(self) -> str:
+        """One word for metrics and reports: denied, warned, audited, mutated or allowed."""
+        if self.denied:
+            return "denied"
+        if self.failures:
+            return {"Warn": "warned", "Audit": "audited"}.get(self.enforcement, "denied")
+        return "mutated" if self.mutated else "allowed"
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    code: int = 200
+    reason: str = ""
+    message: str = ""
+    warnings: tuple[str, ...] = ()
+    audit_annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    patch: tuple[Mapping[str, Any], ...] = ()
+    patched_object: Any = None
+    outcomes: tuple[PolicyOutcome, ...] = ()
+    evaluations: int = 0              # CEL programs run for this request
+
+
+def evaluate(
+    policies: PolicySet,
+    request: AdmissionRequest,
+    namespace_object: Mapping[str, Any] | None = None,
+    phase: Phase = Phase.ALL,
+) -> Decision:
+    """Decide one admission request. Never raises for anything a request or policy contains."""
+    candidates = policies.candidates(request)
+    if not candidates:
+        return Decision(allowed=True, patched_object=request.object)
+    run = _Run(request, namespace_object)
+    if phase in (Phase.MUTATE, Phase.ALL):
+        for policy in candidates:
+            if policy.mutations:
+                run.mutate(policy)
+    if phase in (Phase.VALIDATE, Phase.ALL):
+        for policy in candidates:
+            if policy.validations:
+                run.validate(policy)
+    return run.decision()
+
+
+@dataclasses.dataclass
+class _Record:
+    failures: list[str] = dataclasses.field(default_factory=list)
+    errors: list[str] = dataclasses.field(default_factory=list)
+    mutated: bool = False
+    fatal: bool = False    # an error under failurePolicy Fail outside validations: deny
+    reason: str = ""
+
+
+class _Run:
+    """The state of one request's evaluation across policies."""
+
+    def __init__(self, request: AdmissionRequest, namespace_object: Mapping[str, Any] | None) -> None:
+        self.request = request
+        self.namespace_object = namespace_object
+        self.object: Any = request.object
+        self.records: dict[str, tuple[CompiledPolicy, _Record]] = {}
+        self.evaluations = 0
+
+    def record(self, policy: CompiledPolicy) -> _Record:
+        if policy.name not in self.records:
+            self.records[policy.name] = (policy, _Record())
+        return self.records[policy.name][1]
+
+    def fail(self, policy: CompiledPolicy, error: CelEvaluationError | PatchError, path: str = "") -> bool:
+        """Record an evaluation error; True when the failure policy says to stop (Fail)."""
+        text = f"{path}: {error}" if path else str(error)
+        record = self.record(policy)
+        record.errors.append(text)
+        return policy.policy.failure_policy == "Fail"
+
+    def matches(self, policy: CompiledPolicy, scope: _Scope) -> bool:
+        match = policy.policy.match
+        namespace = self.request.namespace
+        if namespace and namespace in match.exclude_namespaces:
+            return False
+        if not match.namespace_selector.is_empty and not self._namespace_matches(match.namespace_selector):
+            return False
+        if not match.object_selector.is_empty and not any(
+            match.object_selector.matches(labels) for labels in self._labels()
+        ):
+            return False
+        for _name, condition in policy.conditions:
+            try:
+                if not scope.evaluate(condition):
+                    return False
+            except CelEvaluationError as error:
+                if self.fail(policy, error):
+                    self.record(policy).fatal = True
+                return False
+        return True
+
+    def mutate(self, policy: CompiledPolicy) -> None:
+        scope = self.scope(policy)
+        if not self.matches(policy, scope):
+            return
+        record = self.record(policy)
+        for mutation in policy.mutations:
+            try:
+                changed = self._apply(mutation, scope)
+            except (CelEvaluationError, PatchError) as error:
+                path = mutation.spec.path if isinstance(error, PatchError) else ""
+                if self.fail(policy, error, path):
+                    record.fatal = True
+                    return
+                continue
+            if changed is not None:
+                self.object = changed
+                record.mutated = True
+                scope = self.scope(policy)
+
+    def _apply(self, mutation: CompiledMutation, scope: _Scope) -> Any:
+        """The object after this mutation, or None when it does not apply or changes nothing."""
+        if mutation.condition is not None and not scope.evaluate(mutation.condition):
+            return None
+        result = _clone(self.object)
+        if mutation.spec.merge is not None:
+            if_absent = mutation.spec.merge_mode == "IfAbsent"
+            result = merge(result, _clone(mutation.spec.merge), if_absent=if_absent)
+        else:
+            # Values are computed against the object as it was before this mutation.
+            operations = [self._operation(op.spec.op, op.spec.path, op.spec.from_,
+                                          op.spec.value, op.value, scope)
+                          for op in mutation.operations]
+            if not isinstance(result, dict):
+                raise PatchError("there is no object to patch (the request has none)")
+            for operation in operations:
+                apply_operation(result, operation)
+        return None if result == self.object else result
+
+    @staticmethod
+    def _operation(op: str, path: str, from_: str | None, value: Any,
+                   expression: CompiledExpression | None, scope: _Scope) -> dict[str, Any]:
+        operation: dict[str, Any] = {"op": op, "path": path}
+        if from_ is not None:
+            operation["from"] = from_
+        if op in ("add", "replace", "test"):
+            operation["value"] = scope.evaluate(expression) if expression is not None else _clone(value)
+        return operation
+
+    def validate(self, policy: CompiledPolicy) -> None:
+        scope = self.scope(policy)
+        if not self.matches(policy, scope):
+            return
+        record = self.record(policy)
+        for validation in policy.validations:
+            try:
+                if scope.evaluate(validation.check):
+                    continue
+            except CelEvaluationError as error:
+                if self.fail(policy, error):
+                    record.failures.append(f"{error.path}: {error.message}")
+                    record.reason = record.reason or "Forbidden"
+                continue
+            record.failures.append(self._message(policy, validation.spec.message, validation.message,
+                                                 validation.check, scope))
+            record.reason = record.reason or validation.spec.reason
+
+    def _message(self, policy: CompiledPolicy, message: str | None,
+                 expression: CompiledExpression | None, check: CompiledExpression, scope: _Scope) -> str:
+        if expression is not None:
+            try:
+                text = scope.evaluate(expression)
+                if isinstance(text, str) and text.strip():
+                    return str(text)
+            except CelEvaluationError as error:
+                self.record(policy).errors.append(str(error))
+        return message or f"failed expression: {check.expression.source.strip()}"
+
+    def scope(self, policy: CompiledPolicy) -> _Scope:
+        return _Scope(self, policy, {
+            "object": self.object,
+            "oldObject": self.request.old_object,
+            "request": self.request.raw,
+            "namespaceObject": self.namespace_object,
+        })
+
+    def _labels(self) -> Iterator[Mapping[str, str]]:
+        for body in (self.object, self.request.old_object):
+            if isinstance(body, Mapping):
+                yield (body.get("metadata") or {}).get("labels") or {}
+
+    def _namespace_matches(self, selector: LabelSelector) -> bool:
+        """A cluster-scoped object is not subject to a namespaceSelector; a Namespace is its own."""
+        if self.request.group == "" and self.request.resource == "namespaces":
+            return any(selector.matches(labels) for labels in self._labels())
+        if not self.request.namespace:
+            return True
+        labels = ((self.namespace_object or {}).get("metadata") or {}).get("labels") or {}
+        return selector.matches(labels)
+
+    def decision(self) -> Decision:
+        outcomes: list[PolicyOutcome] = []
+        denials: list[str] = []
+        warnings: list[str] = []
+        audit: dict[str, str] = {}
+        reason = ""
+        for name, (policy, record) in self.records.items():
+            enforcement = policy.policy.enforcement
+            denied = record.fatal or (enforcement == "Enforce" and bool(record.failures))
+            if record.fatal:
+                denials.append(f'AdmissionPolicy "{name}" could not evaluate the request: {record.errors[-1]}')
+            elif denied:
+                denials.append(f'AdmissionPolicy "{name}" denied the request: {"; ".join(record.failures)}')
+            elif record.failures and enforcement == "Warn":
+                warnings.extend(f'AdmissionPolicy "{name}": {failure}' for failure in record.failures)
+            elif record.failures and enforcement == "Audit":
+                audit[name[:63]] = json.dumps(record.failures)
+            if denied and not reason:
+                reason = record.reason or "Forbidden"
+            outcomes.append(PolicyOutcome(name, enforcement, tuple(record.failures), tuple(record.errors),
+                                          record.mutated, denied))
+        patch: tuple[Mapping[str, Any], ...] = ()
+        if self.object is not self.request.object and not denials:
+            patch = tuple(jsonpatch.make_patch(self.request.object, self.object).patch)
+        if denials:
+            return Decision(allowed=False, code=REASON_CODES[reason], reason=reason,
+                            message="\n".join(denials), warnings=tuple(warnings), audit_annotations=audit,
+                            patched_object=self.request.object, outcomes=tuple(outcomes),
+                            evaluations=self.evaluations)
+        return Decision(allowed=True, warnings=tuple(warnings), audit_annotations=audit, patch=patch,
+                        patched_object=self.object, outcomes=tuple(outcomes), evaluations=self.evaluations)
+
+
+class _Scope:
+    """One policy's bindings for one state of the object, with its variables computed lazily:
+    an expression evaluates only the variables it reads, each at most once."""
+
+    def __init__(self, run: _Run, policy: CompiledPolicy, bindings: dict[str, Any]) -> None:
+        self.run = run
+        self.policy = policy
+        self.bindings = bindings
+        self.values: dict[str, Any] = {}
+        self.failed: dict[str, CelEvaluationError] = {}
+        self.activation: Any = None
+
+    def evaluate(self, expression: CompiledExpression) -> Any:
+        names = self.policy.variables if expression.variables is None else expression.variables
+        if any(name not in self.values for name in names):
+            for name in self.policy.variables:   # declaration order: dependencies come first
+                if name in names:
+                    self._variable(name)
+        if self.activation is None:
+            self.activation = new_activation({**self.bindings, "variables": dict(self.values)})
+        self.run.evaluations += 1
+        return expression.evaluate(self.activation)
+
+    def _variable(self, name: str) -> None:
+        if name in self.values:
+            return
+        if name in self.failed:
+            raise self.failed[name]
+        try:
+            value = self.evaluate(self.policy.variables[name])
+        except CelEvaluationError as error:
+            self.failed[name] = error
+            raise
+        self.values[name] = value
+        self.activation = None
+
+
+def _clone(value: Any) -> Any:
+    """A deep copy of JSON data: faster than copy.deepcopy, which tracks shared references."""
+    if isinstance(value, dict):
+        return {key: _clone(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_clone(item) for item in value]
+    return value
