@@ -59,14 +59,14 @@ def test(policy_paths: Sequence[str], operation: str, old_path: str | None, name
     Exits 1 when a suite expectation fails, 2 on unusable input.
     """
     try:
+        policies = PolicySet(load_policies(policy_paths)) if policy_paths else PolicySet()
+        if policy_paths and not len(policies):
+            raise InputError(f"no AdmissionPolicy found in {', '.join(policy_paths)}")
         suites, inputs = _classify(paths)
         if not suites and not inputs:
             raise InputError("nothing to test: give AdmissionPolicyTest suites or objects (see --help)")
         if inputs and not policy_paths:
             raise InputError("objects to evaluate need policies: add --policy FILE_OR_DIR")
-        policies = PolicySet(load_policies(policy_paths)) if policy_paths else PolicySet()
-        if policy_paths and not len(policies):
-            raise InputError(f"no AdmissionPolicy found in {', '.join(policy_paths)}")
         old = _single_object(old_path) if old_path else None
         labels = _parse_labels(namespace_labels)
         user_info = {"username": user, "groups": list(groups) or ["system:authenticated"]}

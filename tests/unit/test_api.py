@@ -1,0 +1,106 @@
+"""Invalid policies are refused with the field path and what is wrong; CEL errors carry the column."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from admission_policy.api import PolicyError, parse_policy
+from admission_policy.engine import PolicyCompileError, compile_policy
+from admission_policy.quantity import QuantityError, format_quantity, parse_quantity
+
+RULE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE"]}
+
+
+def body(**spec: Any) -> dict[str, Any]:
+    spec.setdefault("match", {"resources": [RULE]})
+    return {"apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy",
+            "metadata": {"name": "p", "generation": 2}, "spec": spec}
+
+
+@pytest.mark.parametrize(("spec", "path", "words"), [
+    ({"validations": [{"expression": "true"}], "validaitons": []}, "spec.validaitons", "unknown field"),
+    ({"validations": [{"expression": "true"}], "enforcement": "Deny"}, "spec.enforcement", "Enforce | Warn | Audit"),
+    ({"validations": [{"expression": "true"}], "failurePolicy": "Maybe"}, "spec.failurePolicy", "Fail | Ignore"),
+    ({"validations": [{"expression": "true"}], "match": {"resources": []}}, "spec.match.resources", "at least one"),
+    ({"validations": [{"expression": "true"}], "match": {"resources": [{**RULE, "operations": ["PATCH"]}]}},
+     "spec.match.resources[0].operations[0]", "CREATE"),
+    ({"validations": [{"expression": 5}]}, "spec.validations[0].expression", "must be a string"),
+    ({"validations": [{"expression": "true", "reason": "Teapot"}]}, "spec.validations[0].reason", "Forbidden"),
+    ({}, "spec", "at least one validation or mutation"),
+    ({"mutations": [{"jsonPatch": [{"op": "add", "path": "/a"}]}]}, "spec.mutations[0].jsonPatch[0]",
+     "exactly one of value or valueExpression"),
+    ({"mutations": [{"jsonPatch": [{"op": "add", "path": "/a", "value": 1, "valueExpression": "1"}]}]},
+     "spec.mutations[0].jsonPatch[0]", "exactly one of value or valueExpression"),
+    ({"mutations": [{"jsonPatch": [{"op": "remove", "path": "a"}]}]}, "spec.mutations[0].jsonPatch[0].path",
+     "JSON pointer"),
+    ({"mutations": [{"merge": {}, "jsonPatch": []}]}, "spec.mutations[0]", "exactly one of jsonPatch or merge"),
+    ({"validations": [{"expression": "true"}],
+      "match": {"resources": [RULE], "namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}},
+     "spec.match.namespaceSelector.matchExpressions[0].values", "must not be empty"),
+    ({"validations": [{"expression": "true"}], "variables": [{"name": "a-b", "expression": "1"}]},
+     "spec.variables[0].name", "CEL identifier"),
+    ({"validations": [{"expression": "true"}],
+      "variables": [{"name": "a", "expression": "1"}, {"name": "a", "expression": "2"}]},
+     "spec.variables[1].name", "duplicate"),
+])
+def test_invalid_policies_name_the_field(spec: dict[str, Any], path: str, words: str) -> None:
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(body(**spec))
+    assert caught.value.path == path
+    assert words in str(caught.value)
+
+
+def test_a_policy_parses_into_typed_values_with_defaults() -> None:
+    policy = parse_policy(body(validations=[{"expression": "true"}]))
+    assert policy.name == "p" and policy.generation == 2
+    assert policy.enforcement == "Enforce" and policy.failure_policy == "Fail"
+    assert parse_policy(body(validations=[{"expression": "true"}]),
+                        default_failure_policy="Ignore").failure_policy == "Ignore"
+
+
+def test_every_compile_error_is_reported_with_path_and_column() -> None:
+    policy = parse_policy(body(
+        validations=[{"expression": "object.metadata.name.contains("},
+                     {"expression": "1 + 'a' == 2"},
+                     {"expression": "object.metadata.name"},
+                     {"expression": "true", "messageExpression": "42"}],
+        mutations=[{"jsonPatch": [{"op": "add", "path": "/a", "valueExpression": "variables.nope"}]}]))
+    with pytest.raises(PolicyCompileError) as caught:
+        compile_policy(policy)
+    errors = {error.path: error for error in caught.value.errors}
+    assert set(errors) == {"spec.validations[0].expression", "spec.validations[1].expression",
+                           "spec.validations[3].messageExpression", "spec.mutations[0].jsonPatch[0].valueExpression"}
+    assert errors["spec.validations[0].expression"].column == 31
+    assert errors["spec.validations[1].expression"].column == 3
+    assert "no matching overload" in errors["spec.validations[1].expression"].message
+    assert "must evaluate to a string" in errors["spec.validations[3].messageExpression"].message
+    assert "variables.nope is not declared" in errors["spec.mutations[0].jsonPatch[0].valueExpression"].message
+    assert "'p'" in str(caught.value) and "(line 1, column 3)" in str(caught.value)
+
+
+def test_a_variable_may_only_read_earlier_variables() -> None:
+    policy = parse_policy(body(validations=[{"expression": "variables.a"}],
+                               variables=[{"name": "a", "expression": "variables.b"},
+                                          {"name": "b", "expression": "true"}]))
+    with pytest.raises(PolicyCompileError, match=r"variables\.b is declared later"):
+        compile_policy(policy)
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("500m", "0.5"), ("1", "1"), ("2Gi", str(2 * 2**30)), ("1.5k", "1500"), ("3e2", "300"), ("100n", "1.00E-7"),
+    ("1E", "1E+18"),
+])
+def test_quantities(text: str, value: str) -> None:
+    assert str(parse_quantity(text)) == value or float(parse_quantity(text)) == float(value)
+
+
+@pytest.mark.parametrize("text", ["", "abc", "1.2.3", "5Xi", "m"])
+def test_bad_quantities(text: str) -> None:
+    with pytest.raises(QuantityError):
+        parse_quantity(text)
+
+
+@pytest.mark.parametrize(("value", "text"), [(8.0, "8"), (7.8, "7800m"), (0.25, "250m"), (1e-7, "100n")])
+def test_format_quantity(value: float, text: str) -> None:
+    assert format_quantity(value) == text

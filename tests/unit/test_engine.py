@@ -1,0 +1,486 @@
+"""The decision rules of DESIGN §3, through the engine's one entry point."""
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import jsonpatch
+import pytest
+
+from admission_policy.api import parse_policy
+from admission_policy.engine import (
+    Phase,
+    PolicySet,
+    build_response,
+    compile_policy,
+    evaluate,
+    parse_review,
+)
+
+POD_RULE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE", "UPDATE"]}
+
+
+def policy(name: str = "p", *, rules: list[dict[str, Any]] | None = None, **spec: Any) -> Any:
+    match = spec.pop("match", {})
+    body = {
+        "apiVersion": "policy-operator.dev/v1alpha1",
+        "kind": "AdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {"match": {"resources": rules or [POD_RULE], **match}, **spec},
+    }
+    return compile_policy(parse_policy(body))
+
+
+def pod(name: str = "web", labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "namespace": "default"}
+    if labels is not None:
+        metadata["labels"] = labels
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+            "spec": spec or {"containers": [{"name": "c", "image": "nginx"}]}}
+
+
+def request(obj: Any = None, *, operation: str = "CREATE", old: Any = None, resource: str = "pods",
+            group: str = "", version: str = "v1", sub_resource: str = "", namespace: str = "default",
+            options: Any = None) -> Any:
+    body: dict[str, Any] = {
+        "uid": "0000-1111", "operation": operation, "namespace": namespace,
+        "resource": {"group": group, "version": version, "resource": resource},
+        "object": obj, "oldObject": old, "userInfo": {"username": "alice", "groups": ["devs"]},
+        "options": options,
+    }
+    if sub_resource:
+        body["subResource"] = sub_resource
+    return parse_review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": body})
+
+
+def decide(policies: list[Any], req: Any, namespace: Any = None, phase: Phase = Phase.ALL) -> Any:
+    return evaluate(PolicySet(policies), req, namespace, phase)
+
+
+NO_OFFENSIVE = {"expression": "!object.metadata.name.contains('offensive')", "message": "forbidden name"}
+
+
+# --- validations and enforcement -------------------------------------------------------------------------
+
+def test_enforce_denies_naming_policy_and_every_failing_message() -> None:
+    p = policy("names", validations=[
+        NO_OFFENSIVE,
+        {"expression": "object.metadata.name.size() < 5", "message": "name too long"},
+        {"expression": "true", "message": "never shown"},
+    ])
+    decision = decide([p], request(pod("offensive-pod")))
+    assert not decision.allowed
+    assert decision.code == 403 and decision.reason == "Forbidden"
+    assert 'AdmissionPolicy "names"' in decision.message
+    assert "forbidden name" in decision.message and "name too long" in decision.message
+    assert "never shown" not in decision.message
+
+
+def test_passing_validations_allow() -> None:
+    decision = decide([policy(validations=[NO_OFFENSIVE])], request(pod("friendly")))
+    assert decision.allowed and decision.message == "" and decision.patch == ()
+
+
+@pytest.mark.parametrize(("reason", "code"), [("Forbidden", 403), ("Invalid", 422), ("Unauthorized", 401),
+                                              ("RequestEntityTooLarge", 413)])
+def test_reason_sets_the_http_code(reason: str, code: int) -> None:
+    p = policy(validations=[{"expression": "false", "message": "no", "reason": reason}])
+    decision = decide([p], request(pod()))
+    assert (decision.code, decision.reason) == (code, reason)
+    response = build_response(decision, "0000-1111")["response"]
+    assert response["status"] == {"code": code, "message": decision.message, "reason": reason}
+
+
+def test_message_expression_wins_over_message() -> None:
+    p = policy(validations=[{**NO_OFFENSIVE, "messageExpression": "'pod ' + object.metadata.name + ' is rude'"}])
+    assert 'pod offensive-1 is rude' in decide([p], request(pod("offensive-1"))).message
+
+
+def test_failing_message_expression_falls_back_to_message() -> None:
+    p = policy(validations=[{**NO_OFFENSIVE, "messageExpression": "object.metadata.missing"}])
+    decision = decide([p], request(pod("offensive-1")))
+    assert "forbidden name" in decision.message
+    assert decision.outcomes[0].errors  # the broken messageExpression is reported, not hidden
+
+
+def test_without_message_the_expression_is_shown() -> None:
+    p = policy(validations=[{"expression": "object.metadata.name == 'x'"}])
+    assert "failed expression: object.metadata.name == 'x'" in decide([p], request(pod())).message
+
+
+def test_warn_allows_with_warnings() -> None:
+    p = policy("team", enforcement="Warn", validations=[{"expression": "false", "message": "needs a team"}])
+    decision = decide([p], request(pod()))
+    assert decision.allowed
+    assert decision.warnings == ('AdmissionPolicy "team": needs a team',)
+    assert build_response(decision, "u")["response"]["warnings"] == list(decision.warnings)
+
+
+def test_audit_allows_and_records_audit_annotations() -> None:
+    p = policy("audited", enforcement="Audit", validations=[{"expression": "false", "message": "would deny"}])
+    decision = decide([p], request(pod()))
+    assert decision.allowed and not decision.warnings
+    assert json.loads(decision.audit_annotations["audited"]) == ["would deny"]
+    assert build_response(decision, "u")["response"]["auditAnnotations"] == {"audited": '["would deny"]'}
+    assert decision.outcomes[0].result == "audited"
+
+
+def test_any_enforcing_policy_denies_even_when_others_allow() -> None:
+    allow = policy("a-allow", validations=[{"expression": "true"}])
+    warn = policy("b-warn", enforcement="Warn", validations=[{"expression": "false", "message": "w"}])
+    deny = policy("c-deny", validations=[{"expression": "false", "message": "d"}])
+    decision = decide([deny, warn, allow], request(pod()))
+    assert not decision.allowed
+    assert 'AdmissionPolicy "c-deny" denied the request: d' in decision.message
+    assert decision.warnings == ('AdmissionPolicy "b-warn": w',)
+    assert [o.policy for o in decision.outcomes] == ["a-allow", "b-warn", "c-deny"]
+
+
+# --- evaluation errors under both failure policies ----------------------------------------------------------
+
+MISSING_FIELD = {"expression": "object.spec.doesNotExist == 'x'", "message": "m"}
+
+
+def test_evaluation_error_with_fail_denies_naming_policy_and_expression() -> None:
+    decision = decide([policy("strict", validations=[MISSING_FIELD])], request(pod()))
+    assert not decision.allowed
+    assert 'AdmissionPolicy "strict"' in decision.message
+    assert "spec.validations[0].expression" in decision.message
+    assert "doesNotExist" in decision.message
+
+
+def test_evaluation_error_with_ignore_skips_the_validation_and_counts_it() -> None:
+    p = policy("lenient", failurePolicy="Ignore", validations=[MISSING_FIELD, {"expression": "true"}])
+    decision = decide([p], request(pod()))
+    assert decision.allowed
+    assert len(decision.outcomes[0].errors) == 1
+    assert "spec.validations[0].expression" in decision.outcomes[0].errors[0]
+
+
+def test_evaluation_error_under_warn_becomes_a_warning() -> None:
+    p = policy("w", enforcement="Warn", validations=[MISSING_FIELD])
+    decision = decide([p], request(pod()))
+    assert decision.allowed and "doesNotExist" in decision.warnings[0]
+
+
+def test_non_boolean_result_is_an_evaluation_error() -> None:
+    p = policy(validations=[{"expression": "object.metadata.name"}])
+    decision = decide([p], request(pod()))
+    assert not decision.allowed and "must evaluate to a bool" in decision.message
+
+
+def test_iteration_budget_is_an_evaluation_error_not_a_crash() -> None:
+    p = policy(validations=[{"expression": "object.spec.xs.all(x, object.spec.xs.all(y, x + y >= 0))"}])
+    decision = decide([p], request(pod(xs=list(range(3000)))))
+    assert not decision.allowed and "budget" in decision.message.lower()
+
+
+def test_condition_error_follows_failure_policy() -> None:
+    cond = {"match": {"conditions": [{"name": "broken", "expression": "object.nope == 1"}]}}
+    strict = policy("strict", validations=[{"expression": "true"}], **cond)
+    lenient = policy("lenient", failurePolicy="Ignore", validations=[{"expression": "false"}], **cond)
+    assert not decide([strict], request(pod())).allowed
+    decision = decide([lenient], request(pod()))
+    assert decision.allowed and decision.outcomes[0].errors
+
+
+def test_mutation_error_with_fail_denies_and_with_ignore_skips() -> None:
+    broken = [{"name": "broken", "jsonPatch": [
+        {"op": "add", "path": "/metadata/labels/x", "valueExpression": "object.nope"}]},
+        {"name": "ok", "merge": {"metadata": {"labels": {"ok": "yes"}}}}]
+    denied = decide([policy("strict", mutations=broken)], request(pod()))
+    assert not denied.allowed and "spec.mutations[0].jsonPatch[0].valueExpression" in denied.message
+    assert denied.patch == ()
+    skipped = decide([policy("lenient", failurePolicy="Ignore", mutations=broken)], request(pod()))
+    assert skipped.allowed
+    assert skipped.patched_object["metadata"]["labels"] == {"ok": "yes"}
+
+
+def test_failed_patch_operation_leaves_the_object_as_before_that_mutation() -> None:
+    mutations = [{"name": "half", "jsonPatch": [
+        {"op": "add", "path": "/metadata/labels", "value": {"a": "1"}},
+        {"op": "remove", "path": "/spec/absent"}]}]
+    decision = decide([policy(failurePolicy="Ignore", mutations=mutations)], request(pod()))
+    assert decision.allowed and decision.patch == ()
+    assert "remove /spec/absent" in decision.outcomes[0].errors[0]
+
+
+# --- matching ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("resources", "resource", "sub", "expected"), [
+    (["pods"], "pods", "", True),
+    (["pods"], "pods", "status", False),
+    (["pods/status"], "pods", "status", True),
+    (["pods/status"], "pods", "", False),
+    (["pods/*"], "pods", "exec", True),
+    (["pods/*"], "pods", "", False),
+    (["*"], "pods", "", True),
+    (["*"], "pods", "status", False),
+    (["*/status"], "nodes", "status", True),
+    (["*/*"], "pods", "exec", True),
+    (["deployments"], "pods", "", False),
+])
+def test_resource_rules_with_wildcards_and_subresources(resources: list[str], resource: str, sub: str,
+                                                        expected: bool) -> None:
+    rule = {"apiGroups": [""], "apiVersions": ["*"], "resources": resources, "operations": ["*"]}
+    p = policy(rules=[rule], validations=[{"expression": "false"}])
+    decision = decide([p], request(pod(), resource=resource, sub_resource=sub))
+    assert (not decision.allowed) is expected
+
+
+@pytest.mark.parametrize(("operations", "operation", "expected"), [
+    (["CREATE"], "CREATE", True), (["CREATE"], "UPDATE", False), (["*"], "DELETE", True),
+    (["DELETE"], "DELETE", True), (["CONNECT"], "CONNECT", True),
+])
+def test_operations(operations: list[str], operation: str, expected: bool) -> None:
+    rule = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": operations}
+    p = policy(rules=[rule], validations=[{"expression": "false"}])
+    obj = None if operation in ("DELETE", "CONNECT") else pod()
+    old = pod() if operation in ("UPDATE", "DELETE") else None
+    assert (not decide([p], request(obj, operation=operation, old=old)).allowed) is expected
+
+
+def test_group_and_version_must_match() -> None:
+    rule = {"apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["deployments"], "operations": ["*"]}
+    p = policy(rules=[rule], validations=[{"expression": "false"}])
+    assert not decide([p], request({}, resource="deployments", group="apps")).allowed
+    assert decide([p], request({}, resource="deployments", group="extensions")).allowed
+    assert decide([p], request({}, resource="deployments", group="apps", version="v1beta1")).allowed
+
+
+def namespace(labels: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default", "labels": labels}}
+
+
+def test_namespace_selector_match_labels_and_expressions() -> None:
+    selector = {"matchLabels": {"env": "prod"},
+                "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["sandbox"]},
+                                     {"key": "team", "operator": "Exists"}]}
+    p = policy(validations=[{"expression": "false"}], match={"namespaceSelector": selector})
+    req = request(pod())
+    assert not decide([p], req, namespace({"env": "prod", "team": "a"})).allowed
+    assert decide([p], req, namespace({"env": "prod", "team": "a", "tier": "sandbox"})).allowed
+    assert decide([p], req, namespace({"env": "prod"})).allowed
+    assert decide([p], req, namespace({"env": "dev", "team": "a"})).allowed
+
+
+def test_namespace_selector_is_ignored_for_cluster_scoped_objects() -> None:
+    rule = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["nodes"], "operations": ["*"]}
+    p = policy(rules=[rule], validations=[{"expression": "false"}],
+               match={"namespaceSelector": {"matchLabels": {"env": "prod"}}})
+    assert not decide([p], request({"metadata": {"name": "n1"}}, resource="nodes", namespace="")).allowed
+
+
+def test_namespace_selector_on_a_namespace_uses_its_own_labels() -> None:
+    rule = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["namespaces"], "operations": ["*"]}
+    p = policy(rules=[rule], validations=[{"expression": "false"}],
+               match={"namespaceSelector": {"matchLabels": {"env": "prod"}}})
+    prod = {"metadata": {"name": "shop", "labels": {"env": "prod"}}}
+    assert not decide([p], request(prod, resource="namespaces", namespace="")).allowed
+    assert decide([p], request({"metadata": {"name": "x"}}, resource="namespaces", namespace="")).allowed
+
+
+def test_object_selector_matches_old_or_new_labels() -> None:
+    p = policy(validations=[{"expression": "false"}],
+               match={"objectSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["web"]}]}})
+    assert not decide([p], request(pod(labels={"app": "web"}))).allowed
+    assert decide([p], request(pod(labels={"app": "db"}))).allowed
+    assert decide([p], request(pod())).allowed
+    # The label is being removed: the old object still matches, so the policy applies.
+    relabel = request(pod(labels={}), operation="UPDATE", old=pod(labels={"app": "web"}))
+    assert not decide([p], relabel).allowed
+
+
+def test_exclude_namespaces() -> None:
+    p = policy(validations=[{"expression": "false"}], match={"excludeNamespaces": ["default"]})
+    assert decide([p], request(pod())).allowed
+    assert not decide([p], request(pod(), namespace="other")).allowed
+
+
+def test_cel_conditions_must_all_be_true() -> None:
+    conditions = [{"name": "not-system", "expression": "!request.userInfo.username.startsWith('system:')"},
+                  {"name": "labelled", "expression": "has(object.metadata.labels)"}]
+    p = policy(validations=[{"expression": "false"}], match={"conditions": conditions})
+    assert not decide([p], request(pod(labels={}))).allowed
+    assert decide([p], request(pod())).allowed
+
+
+# --- DELETE and CONNECT ---------------------------------------------------------------------------------
+
+def test_delete_has_null_object_and_the_old_one() -> None:
+    rule = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["DELETE"]}
+    p = policy(rules=[rule], validations=[{
+        "expression": "object == null && oldObject.metadata.name == 'web' && request.operation == 'DELETE'",
+        "message": "saw the delete"}])
+    decision = decide([p], request(None, operation="DELETE", old=pod(),
+                                   options={"kind": "DeleteOptions", "apiVersion": "meta.k8s.io/v1"}))
+    assert decision.allowed, decision.message
+
+
+def test_connect_sees_options_object() -> None:
+    rule = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods/exec"], "operations": ["CONNECT"]}
+    p = policy(rules=[rule], validations=[{"expression": "object.command[0] != 'sh'", "message": "no shells"}])
+    exec_options = {"kind": "PodExecOptions", "apiVersion": "v1", "command": ["sh"], "stdin": True}
+    decision = decide([p], request(exec_options, operation="CONNECT", sub_resource="exec"))
+    assert not decision.allowed and "no shells" in decision.message
+
+
+def test_mutations_are_skipped_without_an_object() -> None:
+    rule = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["DELETE"]}
+    p = policy(rules=[rule], mutations=[{"merge": {"metadata": {"labels": {"a": "b"}}}}])
+    decision = decide([p], request(None, operation="DELETE", old=pod()))
+    assert decision.allowed and decision.patch == () and decision.evaluations == 0
+
+
+# --- variables ----------------------------------------------------------------------------------------------
+
+def test_variables_are_lazy_and_computed_once() -> None:
+    p = policy(
+        variables=[{"name": "images", "expression": "object.spec.containers.map(c, c.image)"},
+                   {"name": "count", "expression": "size(variables.images)"},
+                   {"name": "broken", "expression": "object.nothing.here"}],
+        validations=[{"expression": "variables.count == 1"},
+                     {"expression": "variables.images.all(i, i == 'nginx')"}],
+    )
+    decision = decide([p], request(pod()))
+    assert decision.allowed, decision.message           # "broken" is never read, so never fails
+    assert decision.evaluations == 4                     # 2 validations + images + count, each once
+
+
+def test_a_failing_variable_fails_the_expressions_that_read_it() -> None:
+    p = policy(variables=[{"name": "x", "expression": "object.nothing"}],
+               validations=[{"expression": "variables.x == 1"}])
+    decision = decide([p], request(pod()))
+    assert not decision.allowed and "spec.variables[0].expression" in decision.message
+
+
+# --- mutations ---------------------------------------------------------------------------------------------
+
+def applied(decision: Any, original: Any) -> Any:
+    """The object the API server ends up with: the response's patch applied to the original."""
+    response = build_response(decision, "u")["response"]
+    if "patch" not in response:
+        return original
+    assert response["patchType"] == "JSONPatch"
+    ops = json.loads(base64.b64decode(response["patch"]))
+    return jsonpatch.apply_patch(original, ops)
+
+
+def test_json_patch_add_creates_missing_parents() -> None:
+    p = policy(mutations=[{"jsonPatch": [
+        {"op": "add", "path": "/spec/tolerations/-", "value": {"key": "k", "operator": "Exists"}},
+        {"op": "add", "path": "/metadata/annotations/acme.com~1seen", "valueExpression": "'yes'"}]}])
+    original = pod()
+    decision = decide([p], request(original))
+    result = applied(decision, original)
+    assert result["spec"]["tolerations"] == [{"key": "k", "operator": "Exists"}]
+    assert result["metadata"]["annotations"] == {"acme.com/seen": "yes"}
+    assert result == decision.patched_object
+    assert original == pod()  # the request's object is never changed in place
+
+
+def test_merge_overwrite_and_if_absent() -> None:
+    original = pod(labels={"team": "payments"})
+    overwrite = policy("a", mutations=[{"merge": {"metadata": {"labels": {"team": "x", "tier": "web"}}}}])
+    if_absent = policy("a", mutations=[{"merge": {"metadata": {"labels": {"team": "x", "tier": "web"}}},
+                                        "mergeMode": "IfAbsent"}])
+    assert decide([overwrite], request(original)).patched_object["metadata"]["labels"] == {
+        "team": "x", "tier": "web"}
+    assert decide([if_absent], request(original)).patched_object["metadata"]["labels"] == {
+        "team": "payments", "tier": "web"}
+
+
+def test_merge_null_removes_a_field() -> None:
+    p = policy(mutations=[{"merge": {"metadata": {"labels": {"drop": None}}}}])
+    decision = decide([p], request(pod(labels={"drop": "1", "keep": "2"})))
+    assert decision.patched_object["metadata"]["labels"] == {"keep": "2"}
+
+
+def test_mutations_compose_in_name_order_each_seeing_the_previous() -> None:
+    first = policy("a-first", mutations=[
+        {"name": "one", "merge": {"metadata": {"labels": {"step": "1"}}}},
+        {"name": "two", "jsonPatch": [{"op": "replace", "path": "/metadata/labels/step",
+                                       "valueExpression": "object.metadata.labels.step + '2'"}]}])
+    second = policy("b-second", mutations=[{"jsonPatch": [
+        {"op": "replace", "path": "/metadata/labels/step", "valueExpression": "object.metadata.labels.step + '3'"}]}])
+    original = pod()
+    decision = decide([second, first], request(original))
+    assert decision.patched_object["metadata"]["labels"]["step"] == "123"
+    assert applied(decision, original) == decision.patched_object
+    assert [o.mutated for o in decision.outcomes] == [True, True]
+
+
+def test_validations_see_the_mutated_object_in_phase_all() -> None:
+    p = policy(mutations=[{"merge": {"metadata": {"labels": {"team": "unassigned"}}}, "mergeMode": "IfAbsent"}],
+               validations=[{"expression": "has(object.metadata.labels) && 'team' in object.metadata.labels"}])
+    assert decide([p], request(pod())).allowed
+    # The validating webhook alone sees the object as the API server sends it.
+    assert not decide([p], request(pod()), phase=Phase.VALIDATE).allowed
+    mutate_only = decide([p], request(pod()), phase=Phase.MUTATE)
+    assert mutate_only.allowed and mutate_only.patch
+
+
+def test_mutation_that_changes_nothing_produces_no_patch() -> None:
+    p = policy(mutations=[{"merge": {"metadata": {"labels": {"a": "b"}}}, "mergeMode": "IfAbsent"}])
+    decision = decide([p], request(pod(labels={"a": "already"})))
+    assert decision.patch == () and "patch" not in build_response(decision, "u")["response"]
+    assert decision.outcomes[0].mutated is False
+
+
+def test_mutation_condition_skips() -> None:
+    p = policy(mutations=[{"condition": "object.metadata.name == 'special'",
+                           "merge": {"metadata": {"labels": {"special": "yes"}}}}])
+    assert decide([p], request(pod("plain"))).patch == ()
+    assert decide([p], request(pod("special"))).patch
+
+
+def test_patch_values_are_not_shared_between_requests() -> None:
+    p = policy(mutations=[{"jsonPatch": [{"op": "add", "path": "/spec/tolerations", "value": []}]},
+                          {"jsonPatch": [{"op": "add", "path": "/spec/tolerations/-", "value": {"key": "k"}}]}])
+    first = decide([p], request(pod())).patched_object
+    second = decide([p], request(pod())).patched_object
+    assert first["spec"]["tolerations"] == second["spec"]["tolerations"] == [{"key": "k"}]
+
+
+# --- the response ------------------------------------------------------------------------------------------
+
+def test_response_is_a_complete_admission_review() -> None:
+    p = policy(mutations=[{"merge": {"metadata": {"labels": {"a": "b"}}}}])
+    decision = decide([p], request(pod()))
+    review = build_response(decision, "0000-1111")
+    assert review["apiVersion"] == "admission.k8s.io/v1" and review["kind"] == "AdmissionReview"
+    assert review["response"]["uid"] == "0000-1111"
+    assert review["response"]["allowed"] is True
+    assert json.loads(base64.b64decode(review["response"]["patch"])) == [
+        {"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}]
+
+
+# --- the index ---------------------------------------------------------------------------------------------
+
+def test_a_request_no_rule_names_evaluates_no_cel() -> None:
+    p = policy(validations=[{"expression": "false"}],
+               match={"conditions": [{"name": "c", "expression": "true"}]})
+    decision = decide([p], request({}, resource="configmaps"))
+    assert decision.allowed and decision.evaluations == 0 and decision.outcomes == ()
+
+
+def test_cost_grows_with_matching_policies_not_installed_ones() -> None:
+    matching = [policy(f"match-{i}", validations=[{"expression": "true"}],
+                       match={"conditions": [{"name": "c", "expression": "true"}]}) for i in range(3)]
+    other_rule = {"apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["deployments"], "operations": ["*"]}
+    others = [policy(f"other-{i}", rules=[other_rule], validations=[{"expression": "true"}]) for i in range(500)]
+    small = decide(matching, request(pod()))
+    large = decide(matching + others, request(pod()))
+    assert small.evaluations == large.evaluations == 6
+    assert PolicySet(matching + others).candidates(request(pod())) == PolicySet(matching).candidates(request(pod()))
+
+
+def test_policy_set_updates_are_new_sets() -> None:
+    a, b = policy("a", validations=[{"expression": "true"}]), policy("b", validations=[{"expression": "true"}])
+    first = PolicySet([a])
+    second = first.replace(b)
+    assert [p.name for p in first] == ["a"] and [p.name for p in second] == ["a", "b"]
+    assert [p.name for p in second.remove("a")] == ["b"]
+    with pytest.raises(ValueError, match="unique"):
+        PolicySet([a, a])
