@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 from cel_expr_python import cel
-from cel_expr_python.ext import ext_encoders, ext_math, ext_optional, ext_strings
+from cel_expr_python.ext import ext_bindings, ext_encoders, ext_math, ext_optional, ext_strings
 
 from . import quantity
 from .api import Expression
@@ -93,7 +93,7 @@ def _new_environment() -> cel.Env:
     return cel.NewEnv(
         variables={name: cel.Type.DYN for name in VARIABLES},
         extensions=[ext_strings.ExtStrings(), ext_optional.ExtOptional(), ext_encoders.ExtEncoders(),
-                    ext_math.ExtMath(), _kubernetes_library()],
+                    ext_bindings.ExtBindings(), ext_math.ExtMath(), _kubernetes_library()],
     )
 
 

@@ -5,6 +5,7 @@ Exit codes: 0 success, 1 an expectation of a test suite failed, 2 unusable input
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -194,3 +195,78 @@ def _parse_labels(text: str) -> dict[str, str]:
 def _fail(error: Exception) -> NoReturn:
     click.echo(f"error: {error}", err=True)
     sys.exit(2)
+
+
+_RUN_FLAGS: list[tuple[str, str, str]] = [
+    ("--namespace", "AP_NAMESPACE", "Namespace the operator runs in (its Secret, exemption)."),
+    ("--service-name", "AP_SERVICE_NAME", "Service that fronts the webhook, in-cluster."),
+    ("--service-port", "AP_SERVICE_PORT", "Port of that Service."),
+    ("--listen-host", "AP_LISTEN_HOST", "Address the webhook server listens on."),
+    ("--listen-port", "AP_LISTEN_PORT", "Port the webhook server listens on."),
+    ("--advertise-host", "AP_ADVERTISE_HOST",
+     "Host the API server reaches when run outside the cluster (url client config)."),
+    ("--webhook-timeout", "AP_WEBHOOK_TIMEOUT", "timeoutSeconds of the webhooks (1-30)."),
+    ("--exempt-namespaces", "AP_EXEMPT_NAMESPACES", "Comma-separated namespaces never sent to the webhooks."),
+    ("--default-failure-policy", "AP_DEFAULT_FAILURE_POLICY", "failurePolicy of policies that set none."),
+    ("--metrics-port", "AP_METRICS_PORT", "Prometheus port (0 disables)."),
+    ("--health-port", "AP_HEALTH_PORT", "Port of /healthz and /readyz."),
+    ("--log-level", "AP_LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR."),
+    ("--cert-dir", "AP_CERT_DIR", "Directory for the serving certificate files."),
+    ("--webhook-config-name", "AP_WEBHOOK_CONFIG_NAME", "Name of both webhook configurations."),
+]
+
+
+def _run_options(fn: Any) -> Any:
+    for flag, variable, text in reversed(_RUN_FLAGS):
+        fn = click.option(flag, variable.lower(), default=None, help=f"{text} [env {variable}]")(fn)
+    return fn
+
+
+@main.command()
+@_run_options
+@click.option("--standalone", is_flag=True, help="No peering: this replica reconciles regardless of others.")
+def run(standalone: bool, **flags: str | None) -> None:
+    """Run the operator: reconciliation, webhooks, certificates, metrics.
+
+    The same as `kopf run -m admission_policy.operator.handlers --all-namespaces`, with the
+    settings given as flags or AP_* environment variables (flags win).
+    """
+    import os
+
+    import kopf
+
+    from ..operator.settings import OperatorSettings
+
+    for variable, value in flags.items():
+        if value is not None:
+            os.environ[variable.upper()] = value
+    try:
+        settings = OperatorSettings.from_env(os.environ)
+    except ValueError as exc:
+        _fail(exc)
+    logging_level = getattr(logging, settings.log_level)
+    logging.basicConfig(level=logging_level, format="[%(asctime)s] %(name)-28s [%(levelname)-7s] %(message)s")
+    import admission_policy.operator.handlers  # noqa: F401  (registers the handlers)
+
+    kopf.run(clusterwide=True, standalone=standalone, liveness_endpoint=None)
+
+
+@main.command("cleanup-webhooks")
+@click.option("--name", required=True, help="Name of the webhook configurations (AP_WEBHOOK_CONFIG_NAME).")
+def cleanup_webhooks(name: str) -> None:
+    """Delete the operator's webhook configurations (uninstall). Absent ones are fine."""
+    import asyncio
+
+    from ..operator.kube import new_api_client
+    from ..operator.registration import remove_configurations
+
+    async def remove() -> list[str]:
+        api_client = await new_api_client()
+        async with api_client:
+            return await remove_configurations(api_client, name)
+
+    try:
+        deleted = asyncio.run(remove())
+    except Exception as exc:
+        _fail(RuntimeError(f"cannot delete the webhook configurations {name!r}: {exc}"))
+    click.echo(f"deleted: {', '.join(deleted)}" if deleted else f"no webhook configurations named {name!r}")

@@ -137,6 +137,8 @@ class _Run:
         return True
 
     def mutate(self, policy: CompiledPolicy) -> None:
+        if self.object is None:
+            return  # DELETE: nothing to mutate, and the API server ignores patches there
         scope = self.scope(policy)
         if not self.matches(policy, scope):
             return
@@ -168,8 +170,6 @@ class _Run:
             operations = [self._operation(op.spec.op, op.spec.path, op.spec.from_,
                                           op.spec.value, op.value, scope)
                           for op in mutation.operations]
-            if not isinstance(result, dict):
-                raise PatchError("there is no object to patch (the request has none)")
             for operation in operations:
                 apply_operation(result, operation)
         return None if result == self.object else result

@@ -1,0 +1,1 @@
+"""Kopf glue: handlers, the policy watcher, status, webhook configurations, certificates, metrics."""

@@ -1,0 +1,101 @@
+"""An AdmissionPolicy's status: conditions are the observations, the phase only sums them up.
+
+Pure functions, so the state machine is tested without a cluster:
+
+    (new) → Pending → Active ⇄ Degraded
+               ↘ Failed (compile error; a new generation → Pending)
+    any → Terminating (deletionTimestamp)
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Literal
+
+Phase = Literal["Pending", "Active", "Degraded", "Failed", "Terminating"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+COMPILED: Final = "Compiled"
+REGISTERED: Final = "Registered"
+READY: Final = "Ready"
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """What reconciliation found out about one generation of a policy."""
+    compiled: Condition
+    registered: Condition
+
+    @property
+    def phase(self) -> Phase:
+        if self.compiled.status == "False":
+            return "Failed"
+        if self.registered.status == "False":
+            return "Degraded"
+        if self.compiled.status == "True" and self.registered.status == "True":
+            return "Active"
+        return "Pending"
+
+    @property
+    def ready(self) -> Condition:
+        if self.compiled.status == "True" and self.registered.status == "True":
+            return Condition(READY, "True", "Enforced", "the policy is enforced for every resource it matches")
+        blocking = self.compiled if self.compiled.status != "True" else self.registered
+        status: ConditionStatus = "Unknown" if blocking.status == "Unknown" else "False"
+        return Condition(READY, status, blocking.reason, blocking.message)
+
+
+def pending(reason: str = "Reconciling", message: str = "the operator is loading this generation") -> Observation:
+    unknown = Condition(COMPILED, "Unknown", reason, message)
+    return Observation(unknown, Condition(REGISTERED, "Unknown", reason, message))
+
+
+def status_patch(
+    old_status: Mapping[str, Any] | None,
+    observation: Observation,
+    generation: int,
+    now: datetime.datetime,
+) -> dict[str, Any]:
+    """The status to write: transition times move only when a condition's status changes."""
+    previous = {c.get("type"): c for c in (old_status or {}).get("conditions") or [] if isinstance(c, Mapping)}
+    conditions = [_condition(previous.get(c.type), c, generation, now)
+                  for c in (observation.compiled, observation.registered, observation.ready)]
+    return {"phase": observation.phase, "observedGeneration": generation, "conditions": conditions}
+
+
+def terminating_patch(old_status: Mapping[str, Any] | None, now: datetime.datetime) -> dict[str, Any]:
+    message = "the policy is being removed from the webhook configurations"
+    previous = {c.get("type"): c for c in (old_status or {}).get("conditions") or [] if isinstance(c, Mapping)}
+    ready = Condition(READY, "False", "Terminating", message)
+    generation = int((old_status or {}).get("observedGeneration") or 0)
+    conditions = [c for c in (old_status or {}).get("conditions") or [] if c.get("type") != READY]
+    conditions.append(_condition(previous.get(READY), ready, generation, now))
+    return {"phase": "Terminating", "conditions": conditions}
+
+
+def _condition(previous: Mapping[str, Any] | None, condition: Condition, generation: int,
+               now: datetime.datetime) -> dict[str, Any]:
+    unchanged = previous is not None and previous.get("status") == condition.status
+    since = previous.get("lastTransitionTime") if unchanged and previous is not None else None
+    return {
+        "type": condition.type,
+        "status": condition.status,
+        "reason": condition.reason,
+        "message": condition.message,
+        "lastTransitionTime": since or now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "observedGeneration": generation,
+    }
+
+
+def describe(errors: Sequence[str]) -> str:
+    """Several problems in one condition message, readable in ``kubectl describe``."""
+    return "; ".join(errors)

@@ -1,0 +1,308 @@
+"""The operator: ``kopf run -m admission_policy.operator.handlers --all-namespaces``.
+
+Two paths share one process. Reconciliation (paused by Kopf peering on all but one replica)
+drives each AdmissionPolicy's finalizer, conditions, phase and events. Serving (never paused)
+runs in every replica: its own watcher loads policies into the PolicyStore, a loop writes the
+webhook configurations, and Kopf's admission handlers answer every routed request from the
+engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Coroutine, Mapping
+from typing import Any
+
+import kopf
+from kubernetes_asyncio import client
+
+from .. import api
+from ..engine import Decision, Phase, PolicyCompileError, evaluate
+from . import certificates, conditions, events, metrics, registration, watcher
+from .kube import Discovery, new_api_client
+from .settings import OperatorSettings
+from .store import FINALIZER, PolicyStore, error_text, load_policy
+from .webhook import PolicyWebhookServer, QuietWebhookLogs, current_exchange
+from .webhookconfig import unserved_resources
+
+logger = logging.getLogger(__name__)
+
+HANDLER_IDS = ("validate", "mutate", "validate-policy")
+REGISTRATION_TIMEOUT = 20.0      # how long reconciliation waits for the configurations to be written
+CERT_CHECK_INTERVAL = 3600.0
+
+
+@dataclasses.dataclass
+class Operator:
+    """Everything the handlers share, built once at startup."""
+    settings: OperatorSettings
+    store: PolicyStore
+    api_client: client.ApiClient
+    discovery: Discovery
+    bundle: certificates.CertificateBundle
+    denials: events.DenialEvents
+    tasks: list[asyncio.Task[Any]] = dataclasses.field(default_factory=list)
+    runners: list[Any] = dataclasses.field(default_factory=list)
+
+    def spawn(self, name: str, coroutine: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coroutine, name=f"admission-policy: {name}")
+        task.add_done_callback(_report_crash)
+        self.tasks.append(task)
+
+
+_operator: Operator | None = None
+
+
+def operator() -> Operator:
+    if _operator is None:
+        raise kopf.PermanentError("the operator has not started")
+    return _operator
+
+
+def peering_priority(pod_name: str) -> int:
+    """A stable priority per pod: Kopf pauses peers of equal priority, so replicas must differ."""
+    return 1 + int.from_bytes(hashlib.sha256(pod_name.encode()).digest()[:4], "big") % (2**31 - 2)
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    global _operator
+    config = OperatorSettings.from_env(os.environ)
+    logging.getLogger("admission_policy").setLevel(config.log_level)
+    logging.getLogger("kopf.objects").addFilter(QuietWebhookLogs(HANDLER_IDS))
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+    settings.admission.managed = None          # we write the configurations ourselves (DESIGN §5)
+    settings.persistence.finalizer = FINALIZER
+    settings.posting.level = logging.WARNING   # events only for problems; transitions are posted explicitly
+    if settings.peering.name == "default":
+        settings.peering.name = config.peering_name
+    if settings.peering.priority == 0:
+        settings.peering.priority = peering_priority(config.pod_name)
+
+    api_client = await new_api_client()
+    store = PolicyStore(config.default_failure_policy)
+    bundle = await certificates.ensure_certificates(client.CoreV1Api(api_client), config, _now())
+    paths = certificates.write_files(bundle, config.cert_dir)
+    settings.admission.server = PolicyWebhookServer(
+        listening=store.listening, addr=config.listen_host, port=config.listen_port,
+        certfile=paths.certfile, pkeyfile=paths.pkeyfile, cafile=paths.cafile, file_check_interval=10.0)
+
+    _operator = op = Operator(config, store, api_client, Discovery(api_client), bundle,
+                              events.DenialEvents(config.namespace, "admission-policy-operator"))
+    op.runners.append(await metrics.serve_probes(config.listen_host, config.health_port, lambda: store.ready))
+    if config.metrics_port:
+        op.runners.append(await metrics.serve_metrics(config.listen_host, config.metrics_port))
+    op.spawn("policy watcher", watcher.watch_policies(api_client, store))
+    op.spawn("namespace watcher", watcher.watch_namespaces(api_client, store))
+    op.spawn("webhook configurations",
+             registration.keep_configurations(api_client, config, store, op.discovery, lambda: op.bundle.ca_bundle))
+    op.spawn("denial events", op.denials.run(api_client, store.uids.get))
+    op.spawn("certificate renewal", _renew_certificates(op))
+    op.spawn("gauges", _update_gauges(store))
+    store.changed.set()  # write the configurations once even with no policies (the fixed entry)
+    logger.info("Operator started: webhook on %s:%d, %s client config", config.listen_host, config.listen_port,
+                f"url https://{config.advertise_host}:{config.listen_port}" if config.advertise_host else "service")
+
+
+@kopf.on.cleanup()
+async def cleanup(**_: Any) -> None:
+    global _operator
+    if _operator is None:
+        return
+    op, _operator = _operator, None
+    for task in op.tasks:
+        task.cancel()
+    await asyncio.gather(*op.tasks, return_exceptions=True)
+    for runner in op.runners:
+        await runner.cleanup()
+    await op.api_client.close()
+
+
+# --- reconciliation ------------------------------------------------------------------------------------------
+
+@kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)
+@kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
+@kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, field="spec")
+async def reconcile(body: kopf.Body, name: str, meta: kopf.Meta, status: kopf.Status, patch: kopf.Patch,
+                    logger: kopf.Logger, **_: Any) -> None:
+    op = operator()
+    generation = int(meta.get("generation") or 0)
+    if status.get("observedGeneration") != generation:
+        await _write_status(op, name, conditions.status_patch(status, conditions.pending(), generation, _now()))
+    observation = await observe(op, body, name, generation)
+    patch.status.update(conditions.status_patch(status, observation, generation, _now()))
+    _announce(body, status.get("phase"), observation, logger)
+    if observation.phase == "Pending":
+        raise kopf.TemporaryError("waiting for the webhook configurations to route this policy", delay=5)
+
+
+@kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=60.0, idle=60.0,
+            when=lambda status, **_: status.get("phase") == "Degraded")
+async def recheck_degraded(body: kopf.Body, name: str, meta: kopf.Meta, status: kopf.Status, patch: kopf.Patch,
+                           logger: kopf.Logger, **_: Any) -> None:
+    """A Degraded policy recovers by itself once the cluster serves what it names."""
+    op = operator()
+    op.discovery.invalidate()
+    generation = int(meta.get("generation") or 0)
+    observation = await observe(op, body, name, generation)
+    if observation.phase != "Degraded":
+        patch.status.update(conditions.status_patch(status, observation, generation, _now()))
+        _announce(body, status.get("phase"), observation, logger)
+
+
+async def observe(op: Operator, body: Mapping[str, Any], name: str, generation: int) -> conditions.Observation:
+    """Compile this generation, check what it names against discovery, wait until it is routed."""
+    try:
+        compiled = load_policy(body, op.settings.default_failure_policy)
+    except (api.PolicyError, PolicyCompileError) as error:
+        kept = op.store.generations.get(name)
+        note = f" (generation {kept} stays enforced)" if kept is not None else " (not enforced)"
+        reason = "CompileError" if isinstance(error, PolicyCompileError) else "InvalidSpec"
+        return conditions.Observation(
+            conditions.Condition(conditions.COMPILED, "False", reason, error_text(error) + note),
+            conditions.Condition(conditions.REGISTERED, "Unknown", "NotCompiled", "this generation did not compile"))
+    compiled_ok = conditions.Condition(conditions.COMPILED, "True", "Compiled",
+                                   f"{len(compiled.policy.expressions())} CEL expression(s) compiled and type-checked")
+    if not await op.store.wait_registered(name, generation, REGISTRATION_TIMEOUT):
+        return conditions.Observation(compiled_ok, conditions.Condition(
+            conditions.REGISTERED, "Unknown", "Registering", "waiting for the webhook configurations to be written"))
+    unserved = unserved_resources(registration.routes(compiled), await op.discovery.resources())
+    if unserved:
+        return conditions.Observation(compiled_ok, conditions.Condition(
+            conditions.REGISTERED, "False", "UnservedResources",
+            f"not served by this cluster, so never checked: {conditions.describe(unserved)}; install the API or "
+            "fix spec.match.resources (the rest of the policy is enforced)"))
+    return conditions.Observation(compiled_ok, conditions.Condition(
+        conditions.REGISTERED, "True", "Registered",
+        f"routed by {op.settings.webhook_config_name} webhook configurations"))
+
+
+@kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL)
+async def delete(body: kopf.Body, name: str, status: kopf.Status, logger: kopf.Logger, **_: Any) -> None:
+    """Stop enforcing and unroute before Kopf removes the finalizer."""
+    op = operator()
+    await _write_status(op, name, conditions.terminating_patch(status, _now()))
+    kopf.info(body, reason="Terminating", message="removing the policy from the webhook configurations")
+    op.store.forget(name)
+    if not await op.store.wait_unregistered(name, REGISTRATION_TIMEOUT):
+        raise kopf.TemporaryError("the webhook configurations still route this policy", delay=5)
+    logger.info("AdmissionPolicy %s: unrouted; releasing the finalizer", name)
+
+
+def _announce(body: kopf.Body, old_phase: str | None, observation: conditions.Observation,
+              logger: kopf.Logger) -> None:
+    """One event and one log line per phase transition."""
+    if old_phase == observation.phase:
+        return
+    message = f"{old_phase or '(new)'} → {observation.phase}: {observation.ready.message}"
+    if observation.phase in ("Failed", "Degraded"):
+        kopf.warn(body, reason=observation.phase, message=message)
+        logger.warning(message)
+    else:
+        kopf.info(body, reason=observation.phase, message=message)
+        logger.info(message)
+
+
+async def _write_status(op: Operator, name: str, new_status: Mapping[str, Any]) -> None:
+    """A status write now (not at the handler's end), so `kubectl get ap -w` shows the step."""
+    objects = client.CustomObjectsApi(op.api_client)
+    await objects.patch_cluster_custom_object_status(
+        api.GROUP, api.VERSION, api.PLURAL, name, {"status": dict(new_status)},
+        _content_type="application/merge-patch+json")  # type: ignore[call-arg]  # a dict is not a JSON Patch
+
+
+# --- admission --------------------------------------------------------------------------------------------
+
+@kopf.on.validate(kopf.EVERYTHING, id="validate", subresource="*")
+async def validate(**_: Any) -> None:
+    await _decide(Phase.VALIDATE, "validate")
+
+
+@kopf.on.mutate(kopf.EVERYTHING, id="mutate", subresource="*")
+async def mutate(**_: Any) -> None:
+    await _decide(Phase.MUTATE, "mutate")
+
+
+async def _decide(phase: Phase, webhook: str) -> None:
+    """The engine's decision, stored for the response (see ``webhook``)."""
+    op = operator()
+    exchange = current_exchange()
+    request = exchange.request
+    namespace = None
+    if request.namespace:
+        namespace = op.store.namespace(request.namespace) or await _fetch_namespace(op, request.namespace)
+    started = time.perf_counter()
+    decision = evaluate(op.store.policies, request, namespace, phase)
+    metrics.observe(decision, request.operation, webhook, time.perf_counter() - started)
+    exchange.decision = decision
+    if not decision.allowed and not request.dry_run:
+        for outcome in decision.outcomes:
+            if outcome.denied:
+                op.denials.record(outcome.policy, decision.message)
+
+
+@kopf.on.validate(api.GROUP, api.VERSION, api.PLURAL, id="validate-policy", operations=["CREATE", "UPDATE"])
+async def validate_policy(body: kopf.Body, **_: Any) -> None:
+    """Refuse an AdmissionPolicy whose spec or CEL is invalid, at `kubectl apply` time."""
+    op = operator()
+    try:
+        load_policy(body, op.settings.default_failure_policy)
+    except (api.PolicyError, PolicyCompileError) as error:
+        name = body.get("metadata", {}).get("name", "")
+        raise kopf.AdmissionError(f"AdmissionPolicy {name!r} is invalid: {error_text(error)}", code=422) from None
+    current_exchange().decision = Decision(allowed=True)
+
+
+async def _fetch_namespace(op: Operator, name: str) -> Mapping[str, Any] | None:
+    """A namespace the watcher has not delivered yet (created a moment ago)."""
+    try:
+        response: Any = await client.CoreV1Api(op.api_client).read_namespace(name, _preload_content=False)
+        body: Mapping[str, Any] = await response.json()
+    except client.ApiException:
+        return None
+    op.store.namespaces.setdefault(name, body)
+    return body
+
+
+# --- background ----------------------------------------------------------------------------------------------
+
+async def _renew_certificates(op: Operator) -> None:
+    """Adopt a renewed bundle: trust the new CA in the configurations first, then serve it."""
+    while True:
+        await asyncio.sleep(CERT_CHECK_INTERVAL)
+        try:
+            bundle = await certificates.ensure_certificates(client.CoreV1Api(op.api_client), op.settings, _now())
+        except Exception as exc:
+            logger.warning("Checking the serving certificate failed: %s", exc)
+            continue
+        if bundle == op.bundle:
+            continue
+        op.bundle = bundle
+        written = op.store.registration_count
+        op.store.changed.set()
+        await op.store.wait_registration_after(written, timeout=REGISTRATION_TIMEOUT)
+        certificates.write_files(bundle, op.settings.cert_dir)
+        logger.info("Serving certificate renewed; valid until %s", bundle.not_after.isoformat())
+
+
+async def _update_gauges(store: PolicyStore) -> None:
+    while True:
+        metrics.POLICIES.set(len(store.policies))
+        metrics.REJECTED.set(len(store.rejected))
+        await asyncio.sleep(5)
+
+
+def _report_crash(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("%s stopped: %r", task.get_name(), task.exception())
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+

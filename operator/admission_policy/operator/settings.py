@@ -1,0 +1,148 @@
+"""Operator settings, read once from the environment (the Helm chart sets them).
+
+One frozen object keeps configuration out of module globals, so tests build
+their own and nothing changes behind the handlers' backs at runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import socket
+from collections.abc import Callable, Mapping
+from typing import Literal, TypeVar
+
+FailurePolicy = Literal["Fail", "Ignore"]
+
+_T = TypeVar("_T")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorSettings:
+    """Everything the operator reads from its environment; defaults suit the Helm chart."""
+
+    namespace: str = "admission-policy-system"
+    service_name: str = "admission-policy-operator"
+    service_port: int = 443
+    listen_host: str = "0.0.0.0"
+    listen_port: int = 9443
+    advertise_host: str = ""  # "" = in-cluster Service; set = `url` client config (local dev)
+    webhook_timeout: int = 5
+    exempt_namespaces: tuple[str, ...] = ("kube-system",)
+    default_failure_policy: FailurePolicy = "Fail"
+    metrics_port: int = 8080  # 0 disables the metrics endpoint
+    health_port: int = 8081
+    log_level: str = "INFO"
+    cert_secret: str = "admission-policy-operator-tls"
+    cert_dir: str = "/tmp/admission-policy-operator/certs"
+    webhook_config_name: str = "admission-policy-operator"
+    pod_name: str = dataclasses.field(default_factory=socket.gethostname)
+    peering_name: str = "admission-policy-operator"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> OperatorSettings:
+        """Read ``AP_*`` variables; an empty value means the default (Helm renders unset as "")."""
+        d = cls()
+        return cls(
+            namespace=_get(environ, "AP_NAMESPACE", d.namespace, _dns_label),
+            service_name=_get(environ, "AP_SERVICE_NAME", d.service_name, _dns_label),
+            service_port=_get(environ, "AP_SERVICE_PORT", d.service_port, _int_range(1, 65535)),
+            listen_host=_get(environ, "AP_LISTEN_HOST", d.listen_host, _text),
+            listen_port=_get(environ, "AP_LISTEN_PORT", d.listen_port, _int_range(1, 65535)),
+            advertise_host=_get(environ, "AP_ADVERTISE_HOST", d.advertise_host, _host),
+            webhook_timeout=_get(environ, "AP_WEBHOOK_TIMEOUT", d.webhook_timeout, _int_range(1, 30)),
+            # Unlike the others, an explicitly empty list is meaningful: "exempt nothing extra".
+            exempt_namespaces=(
+                _namespace_list(environ["AP_EXEMPT_NAMESPACES"], "AP_EXEMPT_NAMESPACES")
+                if "AP_EXEMPT_NAMESPACES" in environ
+                else d.exempt_namespaces
+            ),
+            default_failure_policy=_get(
+                environ, "AP_DEFAULT_FAILURE_POLICY", d.default_failure_policy, _failure_policy
+            ),
+            metrics_port=_get(environ, "AP_METRICS_PORT", d.metrics_port, _int_range(0, 65535)),
+            health_port=_get(environ, "AP_HEALTH_PORT", d.health_port, _int_range(1, 65535)),
+            log_level=_get(environ, "AP_LOG_LEVEL", d.log_level, _log_level),
+            cert_secret=_get(environ, "AP_CERT_SECRET", d.cert_secret, _dns_subdomain),
+            cert_dir=_get(environ, "AP_CERT_DIR", d.cert_dir, _text),
+            webhook_config_name=_get(environ, "AP_WEBHOOK_CONFIG_NAME", d.webhook_config_name, _dns_subdomain),
+            pod_name=_get(environ, "AP_POD_NAME", d.pod_name, _text),
+            peering_name=_get(environ, "AP_PEERING_NAME", d.peering_name, _dns_subdomain),
+        )
+
+    @property
+    def all_exempt_namespaces(self) -> tuple[str, ...]:
+        """The configured exemptions plus our own namespace, so the operator never gates itself."""
+        return tuple(sorted({*self.exempt_namespaces, self.namespace}))
+
+    @property
+    def service_dns_names(self) -> tuple[str, ...]:
+        """Every name the API server may use to reach the Service (all go in the serving cert)."""
+        svc, ns = self.service_name, self.namespace
+        return (svc, f"{svc}.{ns}", f"{svc}.{ns}.svc", f"{svc}.{ns}.svc.cluster.local")
+
+
+def _get(environ: Mapping[str, str], name: str, default: _T, parse: Callable[[str, str], _T]) -> _T:
+    raw = environ.get(name, "").strip()
+    return default if not raw else parse(raw, name)
+
+
+def _int_range(low: int, high: int) -> Callable[[str, str], int]:
+    def parse(raw: str, name: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"{name}={raw!r}: expected an integer from {low} to {high}") from None
+        if not low <= value <= high:
+            raise ValueError(f"{name}={raw!r}: expected an integer from {low} to {high}")
+        return value
+
+    return parse
+
+
+def _text(raw: str, name: str) -> str:
+    return raw
+
+
+def _dns_label(raw: str, name: str) -> str:
+    if not _DNS_LABEL.match(raw):
+        raise ValueError(f"{name}={raw!r}: expected a DNS label (lowercase letters, digits, '-')")
+    return raw
+
+
+def _dns_subdomain(raw: str, name: str) -> str:
+    if not _DNS_SUBDOMAIN.match(raw):
+        raise ValueError(f"{name}={raw!r}: expected a DNS subdomain (lowercase letters, digits, '-', '.')")
+    return raw
+
+
+def _host(raw: str, name: str) -> str:
+    host = raw[1:-1] if raw.startswith("[") and raw.endswith("]") else raw
+    if not host or any(c in host for c in "/ @?#") or host.count(":") == 1:
+        raise ValueError(f"{name}={raw!r}: expected a bare host name or IP address, no scheme or port")
+    return host
+
+
+def _namespace_list(raw: str, name: str) -> tuple[str, ...]:
+    items = [item.strip() for item in raw.split(",") if item.strip()]
+    for item in items:
+        if not _DNS_LABEL.match(item):
+            raise ValueError(f"{name}={raw!r}: {item!r} is not a valid namespace name")
+    return tuple(dict.fromkeys(items))
+
+
+def _failure_policy(raw: str, name: str) -> FailurePolicy:
+    if raw.lower() == "fail":
+        return "Fail"
+    if raw.lower() == "ignore":
+        return "Ignore"
+    raise ValueError(f"{name}={raw!r}: expected Fail or Ignore")
+
+
+def _log_level(raw: str, name: str) -> str:
+    if raw.upper() not in _LOG_LEVELS:
+        raise ValueError(f"{name}={raw!r}: expected one of {', '.join(_LOG_LEVELS)}")
+    return raw.upper()

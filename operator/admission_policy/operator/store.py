@@ -1,0 +1,127 @@
+"""The policies this replica enforces, fed by its own watcher and read by every request.
+
+The engine's PolicySet is immutable: an update builds a new set and swaps one reference, so a
+request in flight keeps the set it started with and never sees half of an update.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .. import api
+from ..engine import CompiledPolicy, PolicyCompileError, PolicySet, compile_policy
+
+logger = logging.getLogger(__name__)
+
+FINALIZER = f"{api.GROUP}/finalizer"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejected:
+    """A generation that failed to load; the previous good one, if any, stays enforced."""
+    generation: int
+    message: str
+
+
+def load_policy(body: Mapping[str, Any], default_failure_policy: api.FailurePolicy) -> CompiledPolicy:
+    """spec → compiled policy, or PolicyCompileError / api.PolicyError with every problem."""
+    return compile_policy(api.parse_policy(body, default_failure_policy=default_failure_policy))
+
+
+def error_text(error: Exception) -> str:
+    if isinstance(error, PolicyCompileError):
+        return "; ".join(str(e) for e in error.errors)
+    return str(error)
+
+
+class PolicyStore:
+    def __init__(self, default_failure_policy: api.FailurePolicy = "Fail") -> None:
+        self.default_failure_policy = default_failure_policy
+        self.policies = PolicySet()                      # swapped whole, read per request
+        self.generations: dict[str, int] = {}            # loaded generation per policy
+        self.uids: dict[str, str] = {}
+        self.rejected: dict[str, Rejected] = {}
+        self.namespaces: dict[str, Mapping[str, Any]] = {}
+        self.registered: dict[str, int] = {}             # generation present in written configurations
+        self.registration_count = 0                      # configurations written so far
+        self.policies_loaded = asyncio.Event()           # the first full list is in
+        self.namespaces_loaded = asyncio.Event()
+        self.listening = asyncio.Event()                 # the webhook server accepts connections
+        self.changed = asyncio.Event()                   # the configurations need rewriting
+        self._registration = asyncio.Condition()
+
+    @property
+    def ready(self) -> bool:
+        return self.policies_loaded.is_set() and self.listening.is_set()
+
+    def observe(self, body: Mapping[str, Any]) -> None:
+        """A policy as the watcher sees it: load it, or drop it when it is not to be enforced."""
+        metadata = body.get("metadata") or {}
+        name = str(metadata.get("name", ""))
+        # Enforced only once our finalizer guarantees its rules are removed before it is gone.
+        if metadata.get("deletionTimestamp") or FINALIZER not in (metadata.get("finalizers") or ()):
+            self.forget(name)
+            return
+        generation = int(metadata.get("generation") or 0)
+        if self.generations.get(name) == generation or (
+                name in self.rejected and self.rejected[name].generation == generation):
+            return  # a replayed or status-only event
+        try:
+            compiled = load_policy(body, self.default_failure_policy)
+        except (api.PolicyError, PolicyCompileError) as error:
+            self.rejected[name] = Rejected(generation, error_text(error))
+            kept = f"generation {self.generations[name]} stays enforced" if name in self.generations else "not enforced"
+            logger.warning("AdmissionPolicy %s: generation %d does not compile (%s): %s",
+                           name, generation, kept, error_text(error))
+            return
+        self.rejected.pop(name, None)
+        self.policies = self.policies.replace(compiled)
+        self.generations[name] = generation
+        self.uids[name] = str(metadata.get("uid", ""))
+        logger.info("AdmissionPolicy %s: generation %d loaded", name, generation)
+        self.changed.set()
+
+    def forget(self, name: str) -> None:
+        self.rejected.pop(name, None)
+        if name in self.generations:
+            self.policies = self.policies.remove(name)
+            del self.generations[name]
+            self.uids.pop(name, None)
+            logger.info("AdmissionPolicy %s: no longer enforced", name)
+            self.changed.set()
+
+    def sync(self, names: set[str]) -> None:
+        """After a full list: forget what the list no longer holds (deleted while not watching)."""
+        for name in set(self.generations) - names:
+            self.forget(name)
+
+    def namespace(self, name: str) -> Mapping[str, Any] | None:
+        return self.namespaces.get(name)
+
+    async def mark_registered(self, generations: Mapping[str, int]) -> None:
+        """The configurations now route exactly these policies (at these generations)."""
+        async with self._registration:
+            self.registered = dict(generations)
+            self.registration_count += 1
+            self._registration.notify_all()
+
+    async def wait_registration_after(self, count: int, timeout: float) -> bool:
+        """Wait for a write after the ``count``-th one (e.g. one carrying a renewed CA)."""
+        return await self._wait(lambda: self.registration_count > count, timeout)
+
+    async def wait_registered(self, name: str, generation: int, timeout: float) -> bool:
+        return await self._wait(lambda: self.registered.get(name, -1) >= generation, timeout)
+
+    async def wait_unregistered(self, name: str, timeout: float) -> bool:
+        return await self._wait(lambda: name not in self.registered, timeout)
+
+    async def _wait(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        try:
+            async with asyncio.timeout(timeout), self._registration:
+                await self._registration.wait_for(predicate)
+        except TimeoutError:
+            return False
+        return True

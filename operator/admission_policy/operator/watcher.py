@@ -1,0 +1,91 @@
+"""Every replica's own list+watch of AdmissionPolicies and Namespaces.
+
+Kopf's watch streams pause when peering makes another replica the active one; admission must
+not, so serving state comes from these plain watches. Events are applied idempotently: a
+replayed or status-only event changes nothing.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubernetes_asyncio import client, watch
+
+from .. import api
+from .store import PolicyStore
+
+logger = logging.getLogger(__name__)
+
+Lister = Callable[..., Any]
+
+
+async def watch_policies(api_client: client.ApiClient, store: PolicyStore) -> None:
+    objects = client.CustomObjectsApi(api_client)
+
+    def on_event(kind: str, body: Mapping[str, Any]) -> None:
+        if kind == "DELETED":
+            store.forget(str(body["metadata"]["name"]))
+        else:
+            store.observe(body)
+
+    await _list_and_watch(
+        "AdmissionPolicies",
+        lambda **kw: objects.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL, **kw),
+        on_event, store.sync, store.policies_loaded)
+
+
+async def watch_namespaces(api_client: client.ApiClient, store: PolicyStore) -> None:
+    core = client.CoreV1Api(api_client)
+
+    def on_event(kind: str, body: Mapping[str, Any]) -> None:
+        name = str(body["metadata"]["name"])
+        if kind == "DELETED":
+            store.namespaces.pop(name, None)
+        else:
+            store.namespaces[name] = body
+
+    def on_listed(names: set[str]) -> None:
+        for name in set(store.namespaces) - names:
+            store.namespaces.pop(name, None)
+
+    await _list_and_watch("Namespaces", core.list_namespace, on_event, on_listed, store.namespaces_loaded)
+
+
+async def _list_and_watch(
+    what: str,
+    lister: Lister,
+    on_event: Callable[[str, Mapping[str, Any]], None],
+    on_listed: Callable[[set[str]], None],
+    loaded: asyncio.Event,
+) -> None:
+    """List, then watch from the list's resourceVersion; relist after any interruption."""
+    backoff = 1.0
+    while True:
+        try:
+            listing = await lister(_preload_content=False)
+            data = await listing.json()
+            names = set()
+            for item in data.get("items", []):
+                names.add(item["metadata"]["name"])
+                on_event("ADDED", item)
+            on_listed(names)
+            loaded.set()
+            backoff = 1.0
+            version = (data.get("metadata") or {}).get("resourceVersion")
+            stream = watch.Watch()
+            async with stream:
+                async for event in stream.stream(lister, resource_version=version, timeout_seconds=300,
+                                                 allow_watch_bookmarks=False):
+                    kind, body = event.get("type"), event.get("raw_object")
+                    if kind == "ERROR" or not isinstance(body, Mapping) or "metadata" not in body:
+                        break  # e.g. 410 Gone: relist
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
+                        on_event(str(kind), body)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("Watching %s failed, retrying in %.0fs: %s", what, backoff, exc)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 30.0)

@@ -1,0 +1,78 @@
+"""The webhook server: Kopf's WebhookServer, with the engine's decision as the response.
+
+Kopf routes each request to the handler named by the path's last segment and runs it; the
+handler stores the engine's Decision in the request's ``Exchange``. The response is then built
+from that Decision by the same function the CLI's ``review`` uses, because Kopf's own response
+carries no ``auditAnnotations`` or ``status.reason``, and it would recompute the JSON Patch by
+deep-copying and diffing the object once more per request.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import aiohttp.web
+import kopf
+
+from ..engine import AdmissionRequest, Decision, ReviewError, build_response, parse_review
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Exchange:
+    request: AdmissionRequest
+    decision: Decision | None = None
+
+
+_exchange: contextvars.ContextVar[Exchange] = contextvars.ContextVar("admission_policy_exchange")
+
+
+def current_exchange() -> Exchange:
+    """The request being served, for the handler Kopf runs in this request's context."""
+    return _exchange.get()
+
+
+class PolicyWebhookServer(kopf.WebhookServer):
+    def __init__(self, *, listening: asyncio.Event, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.listening = listening
+
+    async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
+        async def serve(data: Any, *, webhook: str | None = None, headers: dict[str, str] | None = None,
+                        sslpeer: dict[str, Any] | None = None) -> Any:
+            try:
+                request = parse_review(data)
+            except ReviewError as exc:
+                # Kopf answers a 500 to bodies it cannot read; this is the client's mistake.
+                raise aiohttp.web.HTTPBadRequest(text=f"invalid AdmissionReview: {exc}") from None
+            exchange = Exchange(request)
+            token = _exchange.set(exchange)
+            try:
+                response: Any = await fn(data, webhook=webhook, headers=headers, sslpeer=sslpeer)
+            finally:
+                _exchange.reset(token)
+            if exchange.decision is not None:
+                response = build_response(exchange.decision, request.uid, request.api_version)
+            return response
+
+        async for client_config in super().__call__(cast(kopf.WebhookFn, serve)):
+            self.listening.set()
+            yield client_config
+
+
+class QuietWebhookLogs(logging.Filter):
+    """Per-request lines ("Webhook 'validate' succeeded.") are DEBUG here, not INFO/ERROR."""
+
+    def __init__(self, ids: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = tuple(f"Webhook {id!r}" for id in ids)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith(self.prefixes):
+            return logging.getLogger("kopf.objects").isEnabledFor(logging.DEBUG)
+        return True

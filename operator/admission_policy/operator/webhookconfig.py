@@ -1,0 +1,433 @@
+"""The Validating/MutatingWebhookConfiguration bodies, built from the loaded policies' routes.
+
+The operator writes these itself instead of Kopf's managed mode (DESIGN §5): rules change at
+runtime, and every replica must write byte-identical objects, so the builder is a pure,
+deterministic function and ``apply_configurations`` only writes when something differs.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from typing import Any, Literal, Protocol
+
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from admission_policy.operator.settings import OperatorSettings
+
+logger = logging.getLogger(__name__)
+
+FailurePolicy = Literal["Fail", "Ignore"]
+
+DOMAIN = "policy-operator.dev"
+VALIDATE_PATH = "/validate"  # Kopf routes on the last path segment: handler id "validate"
+MUTATE_PATH = "/mutate"  # handler id "mutate"
+VALIDATE_POLICY_PATH = "/validate-policy"  # handler id "validate-policy"
+POLICY_WEBHOOK_NAME = f"policies.validate.{DOMAIN}"
+EXEMPT_LABEL = f"{DOMAIN}/exempt"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+ALL_OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+MAX_CONFLICT_RETRIES = 5
+
+# Resources the webhooks never see: routing them could deadlock the cluster (leases, webhook
+# configurations), flood the operator (events), or is meaningless (review "virtual" resources).
+NEVER_ROUTED: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("coordination.k8s.io", "leases"),
+        ("", "events"),
+        ("events.k8s.io", "events"),
+        ("authentication.k8s.io", "tokenreviews"),
+        ("authentication.k8s.io", "selfsubjectreviews"),
+        ("authorization.k8s.io", "subjectaccessreviews"),
+        ("authorization.k8s.io", "selfsubjectaccessreviews"),
+        ("authorization.k8s.io", "localsubjectaccessreviews"),
+        ("authorization.k8s.io", "selfsubjectrulesreviews"),
+        ("admissionregistration.k8s.io", "validatingwebhookconfigurations"),
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"),
+        ("admissionregistration.k8s.io", "validatingadmissionpolicies"),
+        ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"),
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteRule:
+    """One ``match.resources`` entry of a loaded policy: what the webhooks must send us."""
+
+    api_groups: tuple[str, ...]
+    api_versions: tuple[str, ...]
+    resources: tuple[str, ...]  # "pods", "*", "pods/exec", "*/status", "pods/*"
+    operations: tuple[str, ...]  # CREATE | UPDATE | DELETE | CONNECT | "*"
+    failure_policy: FailurePolicy
+    mutating: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class DiscoveredResource:
+    """A served resource at its group's preferred version, as discovery reports it."""
+
+    group: str
+    version: str
+    resource: str  # the plural, without subresource
+    subresources: tuple[str, ...] = ()
+    namespaced: bool = True
+
+
+# (group, version, resource-with-optional-subresource) → operations
+_Atoms = dict[tuple[str, str, str], set[str]]
+
+
+def build_validating_configuration(
+    settings: OperatorSettings,
+    ca_bundle: str,
+    routes: Collection[RouteRule],
+    discovered: Collection[DiscoveredResource],
+) -> dict[str, Any]:
+    """The ValidatingWebhookConfiguration: the fixed AdmissionPolicy entry plus routed rules."""
+    webhooks = [_policy_webhook(settings, ca_bundle)]
+    webhooks += _routed_webhooks(settings, ca_bundle, routes, discovered, mutating=False)
+    return _configuration("ValidatingWebhookConfiguration", settings, webhooks)
+
+
+def build_mutating_configuration(
+    settings: OperatorSettings,
+    ca_bundle: str,
+    routes: Collection[RouteRule],
+    discovered: Collection[DiscoveredResource],
+) -> dict[str, Any]:
+    """The MutatingWebhookConfiguration; it has no webhooks when no policy mutates."""
+    webhooks = _routed_webhooks(settings, ca_bundle, routes, discovered, mutating=True)
+    return _configuration("MutatingWebhookConfiguration", settings, webhooks)
+
+
+def unserved_resources(routes: Iterable[RouteRule], discovered: Collection[DiscoveredResource]) -> list[str]:
+    """Describe the routes' group/resources that will not reach us (the policy goes Degraded).
+
+    That is: explicit resources the cluster does not serve, wildcards that match nothing, and
+    explicitly named never-routed resources (a policy naming them would silently never run).
+    """
+    index = _Discovery(discovered)
+    problems: dict[str, None] = {}
+    for route in routes:
+        for group in route.api_groups:
+            for resource in route.resources:
+                if group != "*" and _plural(resource) != "*" and (group, _plural(resource)) in NEVER_ROUTED:
+                    problems[f"{_display(group, resource)} (never sent to admission webhooks)"] = None
+                elif not _served(group, resource, index):
+                    problems[f"{_display(group, resource)} (not served by the cluster)"] = None
+    return sorted(problems)
+
+
+class WebhookConfigurationsApi(Protocol):
+    """The part of ``kubernetes_asyncio.client.AdmissionregistrationV1Api`` used here."""
+
+    def read_validating_webhook_configuration(self, name: str) -> Awaitable[Any]: ...
+    def create_validating_webhook_configuration(self, body: Any) -> Awaitable[Any]: ...
+    def replace_validating_webhook_configuration(self, name: str, body: Any) -> Awaitable[Any]: ...
+    def read_mutating_webhook_configuration(self, name: str) -> Awaitable[Any]: ...
+    def create_mutating_webhook_configuration(self, body: Any) -> Awaitable[Any]: ...
+    def replace_mutating_webhook_configuration(self, name: str, body: Any) -> Awaitable[Any]: ...
+
+
+async def apply_configurations(
+    api: WebhookConfigurationsApi, validating: Mapping[str, Any], mutating: Mapping[str, Any]
+) -> bool:
+    """Create or replace both configurations, writing only what differs; True if anything was written.
+
+    Replace carries the read ``resourceVersion``; a 409 from a concurrent replica re-reads, and
+    since every replica builds identical bodies the retry usually finds nothing left to do.
+    """
+    wrote_validating = await _apply(
+        validating,
+        api.read_validating_webhook_configuration,
+        api.create_validating_webhook_configuration,
+        api.replace_validating_webhook_configuration,
+    )
+    wrote_mutating = await _apply(
+        mutating,
+        api.read_mutating_webhook_configuration,
+        api.create_mutating_webhook_configuration,
+        api.replace_mutating_webhook_configuration,
+    )
+    return wrote_validating or wrote_mutating
+
+
+# ---- building -------------------------------------------------------------------------------
+
+
+def _configuration(kind: str, settings: OperatorSettings, webhooks: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": kind,
+        "metadata": {
+            "name": settings.webhook_config_name,
+            "labels": {"app.kubernetes.io/managed-by": "admission-policy-operator"},
+        },
+        "webhooks": webhooks,
+    }
+
+
+def _policy_webhook(settings: OperatorSettings, ca_bundle: str) -> dict[str, Any]:
+    # CREATE/UPDATE only, so deleting a policy never depends on the operator being up.
+    # AdmissionPolicy is cluster-scoped: no namespaceSelector; no objectSelector either,
+    # so the exempt label cannot smuggle in a policy whose CEL does not compile.
+    return {
+        "name": POLICY_WEBHOOK_NAME,
+        "admissionReviewVersions": ["v1"],
+        "clientConfig": _client_config(settings, ca_bundle, VALIDATE_POLICY_PATH),
+        "failurePolicy": "Fail",
+        "matchPolicy": "Equivalent",
+        "rules": [
+            {
+                "apiGroups": [DOMAIN],
+                "apiVersions": ["v1alpha1"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["admissionpolicies"],
+                "scope": "*",
+            }
+        ],
+        "sideEffects": "None",
+        "timeoutSeconds": settings.webhook_timeout,
+    }
+
+
+def _routed_webhooks(
+    settings: OperatorSettings,
+    ca_bundle: str,
+    routes: Collection[RouteRule],
+    discovered: Collection[DiscoveredResource],
+    *,
+    mutating: bool,
+) -> list[dict[str, Any]]:
+    index = _Discovery(discovered)
+    fail = _atoms([r for r in routes if r.mutating == mutating and r.failure_policy == "Fail"], index)
+    ignore = _atoms([r for r in routes if r.mutating == mutating and r.failure_policy == "Ignore"], index)
+    # A request the Fail webhook already sends us needs no second call from the Ignore one:
+    # the handler evaluates every matching policy whichever webhook called it.
+    ignore = _subtract(ignore, fail)
+
+    kind = "mutate" if mutating else "validate"
+    webhooks = []
+    for policy, atoms in (("Fail", fail), ("Ignore", ignore)):
+        if not atoms:
+            continue
+        webhook: dict[str, Any] = {
+            "name": f"{policy.lower()}.{kind}.{DOMAIN}",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": _client_config(settings, ca_bundle, MUTATE_PATH if mutating else VALIDATE_PATH),
+            "failurePolicy": policy,
+            "matchPolicy": "Equivalent",
+            "namespaceSelector": {
+                "matchExpressions": [
+                    {
+                        "key": NAMESPACE_NAME_LABEL,
+                        "operator": "NotIn",
+                        "values": sorted(settings.all_exempt_namespaces),
+                    }
+                ]
+            },
+            "objectSelector": {"matchExpressions": [{"key": EXEMPT_LABEL, "operator": "NotIn", "values": ["true"]}]},
+            "rules": _rules(atoms),
+            "sideEffects": "None",
+            "timeoutSeconds": settings.webhook_timeout,
+        }
+        if mutating:
+            webhook["reinvocationPolicy"] = "IfNeeded"
+        webhooks.append(webhook)
+    return webhooks
+
+
+def _client_config(settings: OperatorSettings, ca_bundle: str, path: str) -> dict[str, Any]:
+    encoded = base64.b64encode(ca_bundle.encode("ascii")).decode("ascii")
+    if settings.advertise_host:
+        host = settings.advertise_host
+        host = f"[{host}]" if ":" in host else host  # an IPv6 literal
+        return {"url": f"https://{host}:{settings.listen_port}{path}", "caBundle": encoded}
+    return {
+        "service": {
+            "namespace": settings.namespace,
+            "name": settings.service_name,
+            "port": settings.service_port,
+            "path": path,
+        },
+        "caBundle": encoded,
+    }
+
+
+def _rules(atoms: _Atoms) -> list[dict[str, Any]]:
+    """Group atoms sharing (group, version, operations) into one rule; sorted for stable output."""
+    grouped: dict[tuple[str, str, tuple[str, ...]], set[str]] = {}
+    for (group, version, resource), operations in atoms.items():
+        grouped.setdefault((group, version, _sorted_operations(operations)), set()).add(resource)
+    return [
+        {
+            "apiGroups": [group],
+            "apiVersions": [version],
+            "operations": list(operations),
+            "resources": sorted(resources),
+            "scope": "*",
+        }
+        for (group, version, operations), resources in sorted(grouped.items())
+    ]
+
+
+def _sorted_operations(operations: set[str]) -> tuple[str, ...]:
+    if "*" in operations or set(ALL_OPERATIONS) <= operations:
+        return ("*",)
+    return tuple(sorted(operations))
+
+
+def _atoms(routes: Iterable[RouteRule], index: _Discovery) -> _Atoms:
+    atoms: _Atoms = {}
+    for route in routes:
+        for group in route.api_groups:
+            for resource in route.resources:
+                for target in _expand(group, resource, route.api_versions, index):
+                    atoms.setdefault(target, set()).update(route.operations)
+    return atoms
+
+
+def _subtract(atoms: _Atoms, covered: _Atoms) -> _Atoms:
+    result: _Atoms = {}
+    for target, operations in atoms.items():
+        taken = covered.get(target, set())
+        left = _explicit(operations) - _explicit(taken)
+        if left:
+            result[target] = left
+    return result
+
+
+def _explicit(operations: set[str]) -> set[str]:
+    return set(ALL_OPERATIONS) if "*" in operations else set(operations)
+
+
+class _Discovery:
+    """Discovery indexed by group and by (group, resource)."""
+
+    def __init__(self, discovered: Iterable[DiscoveredResource]) -> None:
+        self.by_key = {(d.group, d.resource): d for d in discovered}
+        self.groups = sorted({group for group, _ in self.by_key})
+
+
+def _expand(group: str, resource: str, versions: Iterable[str], index: _Discovery) -> list[tuple[str, str, str]]:
+    """Concrete (group, version, resource[/sub]) targets of one group x resource pair.
+
+    Wildcards expand from discovery at preferred versions and skip the never-routed list.
+    An explicit resource is kept as written, at its group's preferred version when discovery
+    knows it: Kopf serves only the preferred version, and matchPolicy Equivalent makes the API
+    server convert the others. An undiscovered one (a CRD not installed yet) keeps its versions.
+    """
+    plural, _, sub = resource.partition("/")
+    if group != "*" and plural != "*":
+        if (group, plural) in NEVER_ROUTED:
+            return []
+        found = index.by_key.get((group, plural))
+        if found is not None:
+            return [(group, found.version, resource)]
+        return [(group, version, resource) for version in versions]
+
+    targets = []
+    for found in _candidates(group, plural, index):
+        if (found.group, found.resource) in NEVER_ROUTED:
+            continue
+        if not sub:
+            targets.append((found.group, found.version, found.resource))
+        elif sub == "*":
+            targets += [(found.group, found.version, f"{found.resource}/{s}") for s in found.subresources]
+        elif sub in found.subresources:
+            targets.append((found.group, found.version, f"{found.resource}/{sub}"))
+    return targets
+
+
+def _served(group: str, resource: str, index: _Discovery) -> bool:
+    """Whether discovery has anything routable for this group x resource pair."""
+    plural, _, sub = resource.partition("/")
+    if group != "*" and plural != "*":
+        found = index.by_key.get((group, plural))
+        return found is not None and (not sub or sub == "*" or sub in found.subresources)
+    return bool(_expand(group, resource, (), index))
+
+
+def _candidates(group: str, plural: str, index: _Discovery) -> list[DiscoveredResource]:
+    groups = set(index.groups) if group == "*" else {group}
+    return [d for (g, p), d in sorted(index.by_key.items()) if g in groups and (plural == "*" or p == plural)]
+
+
+def _plural(resource: str) -> str:
+    return resource.partition("/")[0]
+
+
+def _display(group: str, resource: str) -> str:
+    return f"{resource}.{group}" if group else resource
+
+
+# ---- applying -------------------------------------------------------------------------------
+
+
+async def _apply(
+    desired: Mapping[str, Any],
+    read: Callable[[str], Awaitable[Any]],
+    create: Callable[[Any], Awaitable[Any]],
+    replace: Callable[[str, Any], Awaitable[Any]],
+) -> bool:
+    name: str = desired["metadata"]["name"]
+    kind: str = desired["kind"]
+    for _ in range(MAX_CONFLICT_RETRIES):
+        try:
+            existing = _as_dict(await read(name))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            existing = None
+
+        try:
+            if existing is None:
+                await create(dict(desired))
+                logger.info("Created %s %s.", kind, name)
+                return True
+            if _covers(existing.get("webhooks") or [], desired["webhooks"]) and _covers(
+                existing.get("metadata", {}).get("labels") or {}, desired["metadata"]["labels"]
+            ):
+                return False
+            body = {**desired, "metadata": {**desired["metadata"], **_version_of(existing)}}
+            await replace(name, body)
+            logger.info("Updated %s %s.", kind, name)
+            return True
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    raise RuntimeError(f"{kind} {name} kept changing during {MAX_CONFLICT_RETRIES} attempts")
+
+
+def _version_of(existing: Mapping[str, Any]) -> dict[str, str]:
+    version = existing.get("metadata", {}).get("resourceVersion")
+    return {"resourceVersion": version} if version else {}
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    """Plain camelCase dict of what the client returned (a model object, or already a dict)."""
+    if isinstance(obj, dict):
+        return obj
+    result: dict[str, Any] = obj.to_dict(serialize=True)
+    return result
+
+
+def _covers(actual: Any, desired: Any) -> bool:
+    """True if ``actual`` has every field of ``desired`` with the same value.
+
+    Fields the API server defaults (and ``None`` placeholders of client models) are ignored,
+    so an unchanged configuration is never rewritten just because the server filled it in.
+    """
+    if isinstance(desired, Mapping):
+        return isinstance(actual, Mapping) and all(
+            key in actual and _covers(actual[key], value) for key, value in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(desired)
+            and all(_covers(a, d) for a, d in zip(actual, desired, strict=True))
+        )
+    return bool(actual == desired)

@@ -1,0 +1,631 @@
+"""The Helm chart, linted and rendered by the real Helm v4 engine (helm-python-sdk, no binary,
+no network), every manifest schema-checked with kubernetes-validate."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART_DIR = ROOT / "charts" / "admission-policy-operator"
+ROOT_CRD = ROOT / "crds" / "admissionpolicy.yaml"
+RELEASE = "apo"
+NAMESPACE = "policy-system"
+
+# The Kubernetes versions the chart is validated against: the oldest it claims (Chart.yaml
+# kubeVersion) and the newest kubernetes-validate ships.
+KUBE_VERSIONS = ["1.28.0", kubernetes_validate.latest_version()]
+
+# name -> (values, namespace)
+SCENARIOS: dict[str, tuple[dict[str, Any], str]] = {
+    "defaults": ({}, NAMESPACE),
+    "one-replica": ({"replicaCount": 1}, NAMESPACE),
+    "custom-exempt": ({"exemptNamespaces": ["kube-system", "cert-manager", "monitoring"]}, NAMESPACE),
+    "metrics-off": ({"metrics": {"enabled": False}}, NAMESPACE),
+    "custom-namespace": ({}, "platform-guardrails"),
+    "everything": (
+        {
+            "replicaCount": 3,
+            "logLevel": "DEBUG",
+            "defaultFailurePolicy": "Ignore",
+            "webhookTimeoutSeconds": 10,
+            "webhook": {"port": 10443, "configName": "guardrails", "certSecretName": "guardrails-tls"},
+            "metrics": {"enabled": True, "port": 9090, "service": {"port": 80}},
+            "health": {"port": 9091},
+            "peering": {"name": "guardrails"},
+            "image": {"repository": "registry.example.com/apo", "digest": "sha256:" + "ab" * 32},
+            "imagePullSecrets": [{"name": "regcred"}],
+            "nodeSelector": {"kubernetes.io/os": "linux"},
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
+            "podAntiAffinity": "hard",
+            "priorityClassName": "system-cluster-critical",
+            "rbac": {"extraRules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]},
+            "podDisruptionBudget": {"minAvailable": 2},
+        },
+        NAMESPACE,
+    ),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+@pytest.fixture(scope="module")
+def chart() -> Iterator[helm.Chart]:
+    with helm.Chart.load(CHART_DIR) as loaded:
+        yield loaded
+
+
+def render(chart: helm.Chart, values: dict[str, Any] | None = None, namespace: str = NAMESPACE) -> list[dict]:
+    """All objects the chart renders (templates and hooks; the CRDs come from `chart.crds`)."""
+    rendered = chart.render(values or {}, name=RELEASE, namespace=namespace, is_install=True)
+    docs: list[dict] = []
+    for path, text in sorted(rendered.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        docs.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return docs
+
+
+def one(docs: list[dict], kind: str, component: str | None = None) -> dict:
+    found = [d for d in docs if d["kind"] == kind and (component is None or component_of(d) == component)]
+    assert len(found) == 1, f"expected one {kind} ({component}), found {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def all_of(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def operator_deployment(docs: list[dict]) -> dict:
+    return one(docs, "Deployment")
+
+
+def operator_container(docs: list[dict]) -> dict:
+    containers = operator_deployment(docs)["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["operator"]
+    return containers[0]
+
+
+def env_of(container: dict) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def component_of(doc: dict) -> str | None:
+    return doc["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+
+
+def pod_labels(docs: list[dict]) -> dict[str, str]:
+    return operator_deployment(docs)["spec"]["template"]["metadata"]["labels"]
+
+
+def operator_cluster_role(docs: list[dict]) -> dict:
+    (role,) = [d for d in all_of(docs, "ClusterRole") if component_of(d) is None]
+    return role
+
+
+def webhook_service(docs: list[dict]) -> dict:
+    return one(docs, "Service", "webhook")
+
+
+def crd_documents(chart: helm.Chart) -> dict[str, dict]:
+    crds: dict[str, dict] = {}
+    for entry in chart.crds:
+        for doc in yaml.safe_load_all(entry["data"]):
+            if doc:
+                crds[doc["metadata"]["name"]] = doc
+    return crds
+
+
+def labels_match(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+# --------------------------------------------------------------------------------------------
+# lint and render
+
+
+def test_lint_default_values_is_clean() -> None:
+    report = helm.lint(CHART_DIR, strict=True, namespace=NAMESPACE)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("kube_version", ["v1.28.0", "v1.33.0"])
+def test_lint_scenarios(scenario: str, kube_version: str) -> None:
+    values, namespace = SCENARIOS[scenario]
+    report = helm.lint(CHART_DIR, values, strict=True, namespace=namespace, kube_version=kube_version)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_chart_claims_the_kubernetes_versions_it_is_validated_against(chart: helm.Chart) -> None:
+    assert chart.metadata["kubeVersion"] == ">=1.28.0-0"
+    assert chart.metadata["apiVersion"] == "v2"
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_every_manifest_passes_kubernetes_schema(chart: helm.Chart, scenario: str) -> None:
+    values, namespace = SCENARIOS[scenario]
+    docs = render(chart, values, namespace)
+    crds = crd_documents(chart)
+    served = {
+        (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"]): version
+        for crd in crds.values()
+        for version in crd["spec"]["versions"]
+    }
+    checked = 0
+    for doc in docs:
+        key = (doc["apiVersion"], doc["kind"])
+        if key in served:
+            # A custom resource: kubernetes-validate has no schema for it, the chart's CRD has.
+            jsonschema.validate(doc, served[key]["schema"]["openAPIV3Schema"])
+            checked += 1
+            continue
+        for version in KUBE_VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)
+        checked += 1
+    assert checked == len(docs) > 0
+
+
+def test_crds_pass_kubernetes_schema(chart: helm.Chart) -> None:
+    crds = crd_documents(chart)
+    assert set(crds) == {"admissionpolicies.policy-operator.dev", "clusterkopfpeerings.kopf.dev"}
+    for crd in crds.values():
+        for version in KUBE_VERSIONS:
+            kubernetes_validate.validate(crd, version, strict=True)
+
+
+def test_chart_crd_is_a_copy_of_the_single_source() -> None:
+    assert ROOT_CRD.is_file(), "crds/admissionpolicy.yaml (the single source) is missing"
+    copy = CHART_DIR / "crds" / "admissionpolicy.yaml"
+    assert copy.read_bytes() == ROOT_CRD.read_bytes(), (
+        "charts/admission-policy-operator/crds/admissionpolicy.yaml differs from crds/admissionpolicy.yaml; "
+        "run: cp crds/admissionpolicy.yaml charts/admission-policy-operator/crds/"
+    )
+
+
+def test_kopf_peering_crd_and_object(chart: helm.Chart) -> None:
+    crd = crd_documents(chart)["clusterkopfpeerings.kopf.dev"]
+    assert crd["spec"]["group"] == "kopf.dev"
+    assert crd["spec"]["scope"] == "Cluster"
+    assert crd["spec"]["names"]["plural"] == "clusterkopfpeerings"
+    assert crd["spec"]["names"]["kind"] == "ClusterKopfPeering"
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == "v1" and version["served"] and version["storage"]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+    assert status["x-kubernetes-preserve-unknown-fields"] is True
+
+    docs = render(chart)
+    peering = one(docs, "ClusterKopfPeering")
+    assert peering["apiVersion"] == "kopf.dev/v1"
+    assert "namespace" not in peering["metadata"]
+    assert peering["metadata"]["name"] == env_of(operator_container(docs))["AP_PEERING_NAME"]
+
+
+# --------------------------------------------------------------------------------------------
+# RBAC
+
+
+def rules_of(role: dict) -> set[tuple[str, str, str, str | None]]:
+    flat = set()
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    for name in rule.get("resourceNames") or [None]:
+                        flat.add((group, resource, verb, name))
+    return flat
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_no_rbac_wildcards(chart: helm.Chart, scenario: str) -> None:
+    values, namespace = SCENARIOS[scenario]
+    roles = [d for d in render(chart, values, namespace) if d["kind"] in ("Role", "ClusterRole")]
+    assert len(roles) == 3  # the operator's ClusterRole and Role, the cleanup hook's ClusterRole
+    for role in roles:
+        for rule in role["rules"]:
+            assert "nonResourceURLs" not in rule
+            for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+                assert not any("*" in item for item in rule.get(field, [])), (role["metadata"]["name"], rule)
+
+
+def test_operator_cluster_role_is_exactly_what_the_operator_uses(chart: helm.Chart) -> None:
+    docs = render(chart)
+    env = env_of(operator_container(docs))
+    config, peering = env["AP_WEBHOOK_CONFIG_NAME"], env["AP_PEERING_NAME"]
+    role = operator_cluster_role(docs)
+    expected = set()
+
+    def allow(group: str, resource: str, verbs: str, name: str | None = None) -> None:
+        expected.update((group, resource, verb, name) for verb in verbs.split())
+
+    allow("policy-operator.dev", "admissionpolicies", "get list watch patch update")
+    allow("policy-operator.dev", "admissionpolicies/status", "get patch update")
+    allow("apiextensions.k8s.io", "customresourcedefinitions", "get list watch")
+    allow("", "namespaces", "get list watch")
+    allow("", "events", "create patch")
+    allow("events.k8s.io", "events", "create patch")
+    for kind in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):
+        allow("admissionregistration.k8s.io", kind, "create list watch")
+        allow("admissionregistration.k8s.io", kind, "get update patch delete", config)
+    allow("kopf.dev", "clusterkopfpeerings", "list watch")
+    allow("kopf.dev", "clusterkopfpeerings", "get patch", peering)
+    assert rules_of(role) == expected
+
+    binding = next(d for d in all_of(docs, "ClusterRoleBinding") if d["roleRef"]["name"] == role["metadata"]["name"])
+    sa = operator_deployment(docs)["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
+
+
+def test_extra_rules_are_appended(chart: helm.Chart) -> None:
+    values, namespace = SCENARIOS["everything"]
+    docs = render(chart, values, namespace)
+    role = operator_cluster_role(docs)
+    assert ("", "configmaps", "get", None) in rules_of(role)
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "custom-namespace", "everything"])
+def test_secret_role_is_limited_to_the_certificate_secret(chart: helm.Chart, scenario: str) -> None:
+    values, namespace = SCENARIOS[scenario]
+    docs = render(chart, values, namespace)
+    secret = env_of(operator_container(docs))["AP_CERT_SECRET"]
+    role = one(docs, "Role")
+    assert role["metadata"]["namespace"] == namespace
+    assert rules_of(role) == {
+        ("", "secrets", "create", None),
+        ("", "secrets", "get", secret),
+        ("", "secrets", "update", secret),
+        ("", "secrets", "patch", secret),
+    }
+    binding = one(docs, "RoleBinding")
+    assert binding["metadata"]["namespace"] == namespace
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    sa = operator_deployment(docs)["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}]
+
+
+# --------------------------------------------------------------------------------------------
+# uninstall safety
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "custom-namespace", "everything"])
+def test_uninstall_hook_deletes_exactly_the_webhook_configurations(chart: helm.Chart, scenario: str) -> None:
+    values, namespace = SCENARIOS[scenario]
+    docs = render(chart, values, namespace)
+    config = env_of(operator_container(docs))["AP_WEBHOOK_CONFIG_NAME"]
+    hooks = [d for d in docs if "helm.sh/hook" in d["metadata"].get("annotations", {})]
+    assert sorted(d["kind"] for d in hooks) == ["ClusterRole", "ClusterRoleBinding", "Job", "ServiceAccount"]
+    for hook in hooks:
+        annotations = hook["metadata"]["annotations"]
+        assert "pre-delete" in annotations["helm.sh/hook"].split(",")
+        assert set(annotations["helm.sh/hook-delete-policy"].split(",")) == {"before-hook-creation", "hook-succeeded"}
+    weight = {d["kind"]: int(d["metadata"]["annotations"]["helm.sh/hook-weight"]) for d in hooks}
+    assert weight["ServiceAccount"] < weight["Job"] and weight["ClusterRole"] < weight["Job"]
+    assert weight["ClusterRoleBinding"] < weight["Job"]
+
+    role = one(hooks, "ClusterRole")
+    assert rules_of(role) == {
+        ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "delete", config),
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "delete", config),
+    }
+    sa = one(hooks, "ServiceAccount")
+    binding = one(hooks, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": namespace}]
+
+    job = one(hooks, "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == sa["metadata"]["name"]
+    (container,) = pod["containers"]
+    assert container["image"] == operator_container(docs)["image"]
+    assert container["command"] + container["args"] == ["admission-policy", "cleanup-webhooks", "--name", config]
+    assert container["securityContext"] == operator_container(docs)["securityContext"]
+    job_pod_labels = job["spec"]["template"]["metadata"]["labels"]
+    assert job_pod_labels["policy-operator.dev/exempt"] == "true"
+    # The cleanup pod must never become an endpoint of the webhook Service.
+    assert not labels_match(webhook_service(docs)["spec"]["selector"], job_pod_labels)
+
+
+def test_operator_and_its_namespace_are_exempt_from_its_own_webhooks(chart: helm.Chart) -> None:
+    values, namespace = SCENARIOS["custom-exempt"]
+    docs = render(chart, values, namespace)
+    env = env_of(operator_container(docs))
+    assert env["AP_EXEMPT_NAMESPACES"] == "kube-system,cert-manager,monitoring"
+    assert env["AP_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env_of(operator_container(render(chart)))["AP_EXEMPT_NAMESPACES"] == "kube-system"
+
+
+# --------------------------------------------------------------------------------------------
+# the Deployment
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_deployment_security_context(chart: helm.Chart, scenario: str) -> None:
+    values, namespace = SCENARIOS[scenario]
+    docs = render(chart, values, namespace)
+    pod = operator_deployment(docs)["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = operator_container(docs)
+    sc = container["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["privileged"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert "emptyDir" in volume
+    assert env_of(container)["AP_CERT_DIR"].startswith("/tmp/")
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    assert set(container["resources"]["limits"]) >= {"cpu", "memory"}
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_pods_carry_the_exemption_label(chart: helm.Chart, scenario: str) -> None:
+    values, namespace = SCENARIOS[scenario]
+    template = operator_deployment(render(chart, values, namespace))["spec"]["template"]
+    assert template["metadata"]["labels"]["policy-operator.dev/exempt"] == "true"
+
+
+def test_default_replicas_and_anti_affinity(chart: helm.Chart) -> None:
+    docs = render(chart)
+    deployment = operator_deployment(docs)
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pod = deployment["spec"]["template"]
+    (term,) = pod["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert labels_match(term["podAffinityTerm"]["labelSelector"]["matchLabels"], pod["metadata"]["labels"])
+    assert labels_match(deployment["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
+
+
+def test_scheduling_overrides(chart: helm.Chart) -> None:
+    values, namespace = SCENARIOS["everything"]
+    docs = render(chart, values, namespace)
+    pod = operator_deployment(docs)["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == values["nodeSelector"]
+    assert pod["tolerations"] == values["tolerations"]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in pod["affinity"]["podAntiAffinity"]
+    assert operator_container(docs)["image"] == "registry.example.com/apo@sha256:" + "ab" * 32
+
+    custom = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["ops"]}]}]
+            }
+        }
+    }
+    pod = operator_deployment(render(chart, {"affinity": custom}))["spec"]["template"]["spec"]
+    assert pod["affinity"] == custom
+
+
+def test_default_image_tag_is_the_app_version(chart: helm.Chart) -> None:
+    image = operator_container(render(chart))["image"]
+    assert image == f"ghcr.io/policy-operator/admission-policy-operator:{chart.metadata['appVersion']}"
+
+
+EXPECTED_ENV = {
+    "AP_NAMESPACE",
+    "AP_POD_NAME",
+    "POD_ID",
+    "AP_SERVICE_NAME",
+    "AP_SERVICE_PORT",
+    "AP_LISTEN_PORT",
+    "AP_WEBHOOK_TIMEOUT",
+    "AP_EXEMPT_NAMESPACES",
+    "AP_DEFAULT_FAILURE_POLICY",
+    "AP_METRICS_PORT",
+    "AP_HEALTH_PORT",
+    "AP_LOG_LEVEL",
+    "AP_CERT_SECRET",
+    "AP_CERT_DIR",
+    "AP_WEBHOOK_CONFIG_NAME",
+    "AP_PEERING_NAME",
+}
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_operator_settings_env(chart: helm.Chart, scenario: str) -> None:
+    values, namespace = SCENARIOS[scenario]
+    docs = render(chart, values, namespace)
+    env = env_of(operator_container(docs))
+    assert set(env) == EXPECTED_ENV
+    assert env["AP_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["AP_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["AP_LOG_LEVEL"] == values.get("logLevel", "INFO")
+    assert env["AP_DEFAULT_FAILURE_POLICY"] == values.get("defaultFailurePolicy", "Fail")
+    assert env["AP_WEBHOOK_TIMEOUT"] == str(values.get("webhookTimeoutSeconds", 5))
+    assert 1 <= int(env["AP_WEBHOOK_TIMEOUT"]) <= 30
+    for name, value in env.items():
+        assert isinstance(value, (str, dict)), f"{name} must be a string: {value!r}"
+    fullname = f"{RELEASE}-admission-policy-operator"
+    assert env["AP_WEBHOOK_CONFIG_NAME"] == values.get("webhook", {}).get("configName", fullname)
+    assert env["AP_CERT_SECRET"] == values.get("webhook", {}).get("certSecretName", f"{fullname}-tls")
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_probes_are_wired_to_the_health_port(chart: helm.Chart, scenario: str) -> None:
+    values, namespace = SCENARIOS[scenario]
+    container = operator_container(render(chart, values, namespace))
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["health"] == int(env_of(container)["AP_HEALTH_PORT"])
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
+# --------------------------------------------------------------------------------------------
+# Services and the PodDisruptionBudget
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_webhook_service_matches_the_operator_settings(chart: helm.Chart, scenario: str) -> None:
+    values, namespace = SCENARIOS[scenario]
+    docs = render(chart, values, namespace)
+    container = operator_container(docs)
+    env = env_of(container)
+    service = webhook_service(docs)
+    assert service["metadata"]["name"] == env["AP_SERVICE_NAME"]
+    assert service["metadata"]["namespace"] == namespace
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == int(env["AP_SERVICE_PORT"]) == 443
+    assert port["targetPort"] == int(env["AP_LISTEN_PORT"])
+    container_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert container_ports["webhook"] == int(env["AP_LISTEN_PORT"])
+    assert labels_match(service["spec"]["selector"], pod_labels(docs))
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_metrics_service(chart: helm.Chart, scenario: str) -> None:
+    values, namespace = SCENARIOS[scenario]
+    docs = render(chart, values, namespace)
+    container = operator_container(docs)
+    env = env_of(container)
+    container_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    metrics = [d for d in all_of(docs, "Service") if component_of(d) == "metrics"]
+    if values.get("metrics", {}).get("enabled", True):
+        (service,) = metrics
+        (port,) = service["spec"]["ports"]
+        assert port["targetPort"] == int(env["AP_METRICS_PORT"]) == container_ports["metrics"]
+        assert labels_match(service["spec"]["selector"], pod_labels(docs))
+    else:
+        assert metrics == []
+        assert env["AP_METRICS_PORT"] == "0"
+        assert "metrics" not in container_ports
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_pod_disruption_budget(chart: helm.Chart, scenario: str) -> None:
+    values, namespace = SCENARIOS[scenario]
+    docs = render(chart, values, namespace)
+    replicas = operator_deployment(docs)["spec"]["replicas"]
+    pdbs = all_of(docs, "PodDisruptionBudget")
+    if replicas == 1:
+        assert pdbs == []
+        return
+    (pdb,) = pdbs
+    assert pdb["metadata"]["namespace"] == namespace
+    assert 1 <= pdb["spec"]["minAvailable"] < replicas
+    assert labels_match(pdb["spec"]["selector"]["matchLabels"], pod_labels(docs))
+
+
+def test_custom_namespace_everywhere(chart: helm.Chart) -> None:
+    values, namespace = SCENARIOS["custom-namespace"]
+    docs = render(chart, values, namespace)
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"}
+    for doc in docs:
+        if doc["kind"] in cluster_scoped:
+            assert "namespace" not in doc["metadata"]
+            assert doc["metadata"]["name"].startswith(namespace) or doc["kind"] == "ClusterKopfPeering"
+        else:
+            assert doc["metadata"]["namespace"] == namespace, doc["kind"]
+        for subject in doc.get("subjects", []):
+            assert subject["namespace"] == namespace
+
+
+# --------------------------------------------------------------------------------------------
+# values.schema.json, enforced by the real engine
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({"replicaCount": "two"}, r"/replicaCount.*got string, want integer"),
+        ({"replicaCount": 0}, r"/replicaCount.*minimum"),
+        ({"defaultFailurePolicy": "Sometimes"}, r"/defaultFailurePolicy.*'Fail', 'Ignore'"),
+        ({"logLevel": "TRACE"}, r"/logLevel.*'DEBUG', 'INFO', 'WARNING', 'ERROR'"),
+        ({"webhookTimeoutSeconds": 31}, r"/webhookTimeoutSeconds.*maximum"),
+        ({"exemptNamespaces": "kube-system"}, r"/exemptNamespaces.*got string, want array"),
+        ({"exemptNamespaces": ["Kube_System"]}, r"/exemptNamespaces/0"),
+        ({"metrics": {"enabled": "no"}}, r"/metrics/enabled.*got string, want boolean"),
+        ({"replicas": 2}, r"additional properties 'replicas' not allowed"),
+        ({"podAntiAffinity": "sometimes"}, r"/podAntiAffinity"),
+        (
+            {"rbac": {"extraRules": [{"apiGroups": ["*"], "resources": ["pods"], "verbs": ["get"]}]}},
+            r"/rbac/extraRules/0/apiGroups/0",
+        ),
+        (
+            {"rbac": {"extraRules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["*"]}]}},
+            r"/rbac/extraRules/0/verbs/0",
+        ),
+    ],
+)
+def test_schema_rejects_bad_values(chart: helm.Chart, values: dict[str, Any], expected: str) -> None:
+    with pytest.raises(helm.HelmValuesError) as raised:
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    message = str(raised.value)
+    assert "values don't meet the specifications of the schema" in message
+    assert re.search(expected, message), message
+    # `helm lint` reports the same as an error.
+    report = helm.lint(CHART_DIR, values)
+    assert any(re.search(expected, error) for error in report["errors"]), report
+
+
+def test_schema_is_draft7_and_closed() -> None:
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    assert schema["additionalProperties"] is False
+    defaults = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    jsonschema.Draft7Validator(schema).validate(defaults)
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({"metrics": {"port": 9443}}, "must be distinct"),
+        ({"health": {"port": 9443}}, "must be distinct"),
+        ({"replicaCount": 2, "podDisruptionBudget": {"minAvailable": 2}}, "must be lower than replicaCount"),
+    ],
+)
+def test_template_rejects_inconsistent_values(chart: helm.Chart, values: dict[str, Any], expected: str) -> None:
+    with pytest.raises(helm.HelmRenderError, match=expected):
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_notes_render(chart: helm.Chart) -> None:
+    notes = chart.render({}, name=RELEASE, namespace=NAMESPACE)["admission-policy-operator/templates/NOTES.txt"]
+    assert "kube-system, policy-system" in notes
+    notes = chart.render({"cleanupHook": {"enabled": False}}, name=RELEASE, namespace=NAMESPACE)[
+        "admission-policy-operator/templates/NOTES.txt"
+    ]
+    assert "WARNING" in notes and "kubectl delete validatingwebhookconfiguration" in notes
+
+
+# --------------------------------------------------------------------------------------------
+# the image the chart runs
+
+
+def test_dockerfile_matches_the_chart() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", dockerfile, flags=re.MULTILINE | re.IGNORECASE)
+    assert len(stages) >= 2, "multi-stage build expected"
+    assert stages[-1][0] == "python:3.11-slim"
+    users = re.findall(r"^USER\s+(\S+)", dockerfile, flags=re.MULTILINE)
+    assert users and users[-1].split(":")[0] == "10001"
+    defaults = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    assert defaults["podSecurityContext"]["runAsUser"] == 10001
+    (entrypoint,) = re.findall(r"^ENTRYPOINT\s+(.+)$", dockerfile, flags=re.MULTILINE)
+    assert json.loads(entrypoint) == ["admission-policy", "run"]
+    assert (ROOT / ".dockerignore").is_file()

@@ -1,0 +1,43 @@
+"""
+Fixtures to run the real Kopf operator against kmock's emulator (the harness is in emulator.py).
+
+    async def test_x(emulator, run_operator):
+        async with run_operator(registry=my_registry) as op:   # or module='admission_policy.…'
+            await emulator.create(ADMISSION_POLICIES, {...})
+            await op.wait_for(lambda: (emulator.peek(ADMISSION_POLICIES, 'p') or {}).get('status'))
+
+The operator runs as a task in the test's own event loop (``kopf.operator(...)`` with a stop
+flag), cluster-wide, standalone (no peering), without managed webhook configurations,
+with events posted. Leaving the ``async with`` stops it and re-raises its failure, if any.
+"""
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import emulator as harness
+import pytest
+from emulator import Emulator, RunningOperator
+
+
+@pytest.fixture
+async def emulator(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Emulator]:
+    """A fresh emulator per test; kubeconfig-reading clients are pointed at it meanwhile."""
+    async with Emulator() as emu:
+        monkeypatch.setenv('KUBECONFIG', str(emu.kubeconfig))
+        with contextlib.suppress(ImportError):
+            # kubernetes_asyncio reads $KUBECONFIG once, at import: patch its default too.
+            from kubernetes_asyncio.config import kube_config
+            monkeypatch.setattr(kube_config, 'KUBE_CONFIG_DEFAULT_LOCATION', str(emu.kubeconfig))
+        yield emu
+
+
+@pytest.fixture
+def run_operator(emulator: Emulator) -> Callable[..., contextlib.AbstractAsyncContextManager[RunningOperator]]:
+    """
+    ``run_operator(registry=None, module=None, settings=None, memo=None, namespaces=(),
+    startup_timeout=10, stop_timeout=10)`` → async context manager yielding a ``RunningOperator``.
+    See ``emulator.run_operator``.
+    """
+    def runner(**kwargs: Any) -> contextlib.AbstractAsyncContextManager[RunningOperator]:
+        return harness.run_operator(emulator, **kwargs)
+    return runner

@@ -1,0 +1,195 @@
+"""The operator's lifecycle with Kopf really running against kmock's KubernetesEmulator."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import pathlib
+import ssl
+from typing import Any
+
+import pytest
+from cryptography import x509
+from emulator import (
+    ADMISSION_POLICIES,
+    MUTATING_WEBHOOK_CONFIGURATIONS,
+    SECRETS,
+    VALIDATING_WEBHOOK_CONFIGURATIONS,
+    Emulator,
+    wait_for,
+)
+from operator_env import (
+    CONFIG_NAME,
+    NAMESPACE,
+    conditions,
+    operator_environment,
+    operator_running,
+    phase,
+    policy_body,
+    wait_phase,
+)
+
+FINALIZER = "policy-operator.dev/finalizer"
+DENY_BAD = [{"expression": "object.metadata.name != 'bad'", "message": "bad name"}]
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> dict[str, str]:
+    return operator_environment(monkeypatch, tmp_path / "certs")
+
+
+async def test_create_adds_finalizer_and_reaches_active_with_conditions(
+        emulator: Emulator, run_operator: Any, env: dict[str, str]) -> None:
+    async with operator_running(run_operator):
+        await emulator.create(ADMISSION_POLICIES, policy_body("deny-bad", validations=DENY_BAD))
+        body = await wait_phase(emulator, "deny-bad", "Active")
+    assert FINALIZER in body["metadata"]["finalizers"]
+    assert body["status"]["observedGeneration"] == body["metadata"]["generation"]
+    found = conditions(body)
+    assert set(found) == {"Compiled", "Registered", "Ready"}
+    for condition in found.values():
+        assert condition["status"] == "True"
+        assert condition["observedGeneration"] == body["metadata"]["generation"]
+        assert condition["reason"] and condition["message"] and condition["lastTransitionTime"]
+
+
+async def test_invalid_cel_goes_failed_with_the_compiler_message(
+        emulator: Emulator, run_operator: Any, env: dict[str, str]) -> None:
+    broken = [{"expression": "object.metadata.name.startsWith(", "message": "m"}]
+    async with operator_running(run_operator):
+        # Created directly in storage, as if the validating webhook had been down.
+        await emulator.create(ADMISSION_POLICIES, policy_body("broken", validations=broken))
+        body = await wait_phase(emulator, "broken", "Failed")
+    compiled = conditions(body)["Compiled"]
+    assert compiled["status"] == "False" and compiled["reason"] == "CompileError"
+    assert "spec.validations[0].expression (line 1, column" in compiled["message"]
+    assert "not enforced" in compiled["message"]
+    assert conditions(body)["Ready"]["status"] == "False"
+
+
+async def test_a_new_generation_is_observed_and_a_broken_one_keeps_the_old_enforced(
+        emulator: Emulator, run_operator: Any, env: dict[str, str]) -> None:
+    async with operator_running(run_operator):
+        await emulator.create(ADMISSION_POLICIES, policy_body("evolving", validations=DENY_BAD))
+        await wait_phase(emulator, "evolving", "Active")
+        await emulator.patch(ADMISSION_POLICIES, "evolving",
+                             {"spec": {"validations": [{"expression": "true", "message": "any"}]}})
+        await wait_for(lambda: (emulator.peek(ADMISSION_POLICIES, "evolving") or {}).get("status", {})
+                       .get("observedGeneration") == 2 and phase(emulator, "evolving") == "Active", timeout=20)
+        await emulator.patch(ADMISSION_POLICIES, "evolving",
+                             {"spec": {"validations": [{"expression": "1 + 'x'", "message": "any"}]}})
+        body = await wait_phase(emulator, "evolving", "Failed")
+    assert body["status"]["observedGeneration"] == 3
+    assert "generation 2 stays enforced" in conditions(body)["Compiled"]["message"]
+
+
+async def test_a_resource_the_cluster_does_not_serve_is_degraded(
+        emulator: Emulator, run_operator: Any, env: dict[str, str]) -> None:
+    rules = [{"apiGroups": ["acme.com"], "apiVersions": ["v1"], "resources": ["widgets"], "operations": ["CREATE"]}]
+    async with operator_running(run_operator):
+        await emulator.create(ADMISSION_POLICIES, policy_body("widgets", validations=DENY_BAD,
+                                                              match={"resources": rules}))
+        body = await wait_phase(emulator, "widgets", "Degraded")
+    registered = conditions(body)["Registered"]
+    assert registered["status"] == "False" and registered["reason"] == "UnservedResources"
+    assert "acme.com" in registered["message"] and "widgets" in registered["message"]
+    assert conditions(body)["Compiled"]["status"] == "True"
+
+
+def routed_resources(emulator: Emulator) -> set[str]:
+    config = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME) or {}
+    return {resource for webhook in config.get("webhooks", []) if webhook["name"] != "policies.validate.policy-operator.dev"
+            for rule in webhook.get("rules", []) for resource in rule["resources"]}
+
+
+async def test_delete_unroutes_before_the_finalizer_is_removed(
+        emulator: Emulator, run_operator: Any, env: dict[str, str]) -> None:
+    seen: list[tuple[bool, bool]] = []   # (finalizer present, pods still routed), sampled during deletion
+    async with operator_running(run_operator):
+        await emulator.create(ADMISSION_POLICIES, policy_body("temporary", validations=DENY_BAD))
+        await wait_phase(emulator, "temporary", "Active")
+        assert routed_resources(emulator) == {"pods"}
+        await emulator.delete(ADMISSION_POLICIES, "temporary")
+        while emulator.peek(ADMISSION_POLICIES, "temporary") is not None:
+            body = emulator.peek(ADMISSION_POLICIES, "temporary") or {}
+            seen.append((FINALIZER in (body.get("metadata", {}).get("finalizers") or []),
+                         "pods" in routed_resources(emulator)))
+            await asyncio.sleep(0.01)
+            assert len(seen) < 2000, "the policy was never released"
+    assert routed_resources(emulator) == set()
+    # Whenever the policy was still routed, our finalizer was still holding the object.
+    assert all(finalizer for finalizer, routed in seen if routed)
+
+
+async def test_written_configurations_field_by_field(
+        emulator: Emulator, run_operator: Any, env: dict[str, str]) -> None:
+    mutating_policy = policy_body("label", failurePolicy="Ignore",
+                                  mutations=[{"merge": {"metadata": {"labels": {"a": "b"}}}}])
+    async with operator_running(run_operator):
+        await emulator.create(ADMISSION_POLICIES, policy_body("deny-bad", validations=DENY_BAD))
+        await emulator.create(ADMISSION_POLICIES, mutating_policy)
+        await wait_phase(emulator, "deny-bad", "Active")
+        await wait_phase(emulator, "label", "Active")
+        served = await served_certificate(int(env["AP_LISTEN_PORT"]))
+    validating = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
+    mutating = emulator.peek(MUTATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
+    assert validating is not None and mutating is not None
+    port = env["AP_LISTEN_PORT"]
+    fixed, routed = validating["webhooks"]
+    assert fixed["name"] == "policies.validate.policy-operator.dev"
+    assert fixed["clientConfig"]["url"] == f"https://127.0.0.1:{port}/validate-policy"
+    assert fixed["failurePolicy"] == "Fail"
+    assert fixed["rules"] == [{"apiGroups": ["policy-operator.dev"], "apiVersions": ["v1alpha1"],
+                               "operations": ["CREATE", "UPDATE"], "resources": ["admissionpolicies"], "scope": "*"}]
+    assert routed["name"] == "fail.validate.policy-operator.dev"
+    assert routed["clientConfig"]["url"] == f"https://127.0.0.1:{port}/validate"
+    assert routed["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+                                "resources": ["pods"], "scope": "*"}]
+    (mutate,) = mutating["webhooks"]
+    assert mutate["name"] == "ignore.mutate.policy-operator.dev"
+    assert mutate["failurePolicy"] == "Ignore"
+    assert mutate["reinvocationPolicy"] == "IfNeeded"
+    assert mutate["clientConfig"]["url"] == f"https://127.0.0.1:{port}/mutate"
+    for webhook in (routed, mutate):
+        assert webhook["matchPolicy"] == "Equivalent"
+        assert webhook["sideEffects"] == "None"
+        assert webhook["timeoutSeconds"] == 5
+        assert webhook["admissionReviewVersions"] == ["v1"]
+        assert webhook["namespaceSelector"] == {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [NAMESPACE, "kube-system"]}]}
+        assert webhook["objectSelector"] == {"matchExpressions": [
+            {"key": "policy-operator.dev/exempt", "operator": "NotIn", "values": ["true"]}]}
+    # The caBundle is the CA that signed the certificate the server actually presents.
+    for webhook in (fixed, routed, mutate):
+        cas = x509.load_pem_x509_certificates(base64.b64decode(webhook["clientConfig"]["caBundle"]))
+        assert any(served.verify_directly_issued_by(ca) is None for ca in cas if _issued_by(served, ca))
+    secret = emulator.peek(SECRETS, "admission-policy-operator-tls", namespace=NAMESPACE)
+    assert secret is not None and base64.b64decode(secret["data"]["tls.crt"]).startswith(b"-----BEGIN CERTIFICATE")
+
+
+async def test_a_second_operator_instance_writes_an_identical_configuration(
+        emulator: Emulator, run_operator: Any, env: dict[str, str]) -> None:
+    async with operator_running(run_operator):
+        await emulator.create(ADMISSION_POLICIES, policy_body("deny-bad", validations=DENY_BAD))
+        await wait_phase(emulator, "deny-bad", "Active")
+    first = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
+    async with operator_running(run_operator) as op:
+        await op.wait_for(lambda: phase(emulator, "deny-bad") == "Active")
+        await asyncio.sleep(1.0)  # time for a (wrong) rewrite to happen
+    second = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
+    assert second == first  # same webhooks, same caBundle, and not even rewritten (same resourceVersion)
+
+
+def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    return cert.issuer == ca.subject
+
+
+async def served_certificate(port: int) -> x509.Certificate:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+    try:
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    finally:
+        writer.close()
+    return x509.load_der_x509_certificate(der)

@@ -1,0 +1,116 @@
+"""OperatorSettings.from_env: defaults, parsing, and errors that name the variable."""
+
+import socket
+
+import pytest
+
+from admission_policy.operator.settings import OperatorSettings
+
+
+def test_defaults_from_an_empty_environment() -> None:
+    settings = OperatorSettings.from_env({})
+    assert settings.namespace == "admission-policy-system"
+    assert settings.service_name == "admission-policy-operator"
+    assert settings.service_port == 443
+    assert settings.listen_host == "0.0.0.0"
+    assert settings.listen_port == 9443
+    assert settings.advertise_host == ""
+    assert settings.webhook_timeout == 5
+    assert settings.exempt_namespaces == ("kube-system",)
+    assert settings.default_failure_policy == "Fail"
+    assert settings.metrics_port == 8080
+    assert settings.health_port == 8081
+    assert settings.log_level == "INFO"
+    assert settings.cert_secret == "admission-policy-operator-tls"
+    assert settings.cert_dir == "/tmp/admission-policy-operator/certs"
+    assert settings.webhook_config_name == "admission-policy-operator"
+    assert settings.pod_name == socket.gethostname()
+    assert settings.peering_name == "admission-policy-operator"
+
+
+def test_every_variable_is_read() -> None:
+    settings = OperatorSettings.from_env(
+        {
+            "AP_NAMESPACE": "policies",
+            "AP_SERVICE_NAME": "webhook",
+            "AP_SERVICE_PORT": "8443",
+            "AP_LISTEN_HOST": "127.0.0.1",
+            "AP_LISTEN_PORT": "10443",
+            "AP_ADVERTISE_HOST": "host.docker.internal",
+            "AP_WEBHOOK_TIMEOUT": "30",
+            "AP_EXEMPT_NAMESPACES": " kube-system, cert-manager ,,",
+            "AP_DEFAULT_FAILURE_POLICY": "ignore",
+            "AP_METRICS_PORT": "0",
+            "AP_HEALTH_PORT": "9000",
+            "AP_LOG_LEVEL": "debug",
+            "AP_CERT_SECRET": "tls",
+            "AP_CERT_DIR": "/certs",
+            "AP_WEBHOOK_CONFIG_NAME": "my-policies",
+            "AP_POD_NAME": "operator-0",
+            "AP_PEERING_NAME": "peers",
+        }
+    )
+    assert settings == OperatorSettings(
+        namespace="policies",
+        service_name="webhook",
+        service_port=8443,
+        listen_host="127.0.0.1",
+        listen_port=10443,
+        advertise_host="host.docker.internal",
+        webhook_timeout=30,
+        exempt_namespaces=("kube-system", "cert-manager"),
+        default_failure_policy="Ignore",
+        metrics_port=0,
+        health_port=9000,
+        log_level="DEBUG",
+        cert_secret="tls",
+        cert_dir="/certs",
+        webhook_config_name="my-policies",
+        pod_name="operator-0",
+        peering_name="peers",
+    )
+
+
+def test_empty_values_mean_defaults_except_the_exempt_list() -> None:
+    settings = OperatorSettings.from_env({"AP_SERVICE_PORT": "", "AP_EXEMPT_NAMESPACES": ""})
+    assert settings.service_port == 443
+    assert settings.exempt_namespaces == ()
+    assert settings.all_exempt_namespaces == ("admission-policy-system",)
+
+
+def test_operator_namespace_is_always_exempt() -> None:
+    settings = OperatorSettings.from_env({"AP_NAMESPACE": "ops", "AP_EXEMPT_NAMESPACES": "kube-system,ops"})
+    assert settings.all_exempt_namespaces == ("kube-system", "ops")
+
+
+def test_service_dns_names() -> None:
+    settings = OperatorSettings(namespace="ns", service_name="svc")
+    assert settings.service_dns_names == ("svc", "svc.ns", "svc.ns.svc", "svc.ns.svc.cluster.local")
+
+
+def test_bracketed_ipv6_advertise_host_is_unwrapped() -> None:
+    assert OperatorSettings.from_env({"AP_ADVERTISE_HOST": "[::1]"}).advertise_host == "::1"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("AP_SERVICE_PORT", "https"),
+        ("AP_SERVICE_PORT", "0"),
+        ("AP_LISTEN_PORT", "70000"),
+        ("AP_WEBHOOK_TIMEOUT", "0"),
+        ("AP_WEBHOOK_TIMEOUT", "31"),
+        ("AP_METRICS_PORT", "-1"),
+        ("AP_HEALTH_PORT", "0"),
+        ("AP_DEFAULT_FAILURE_POLICY", "Deny"),
+        ("AP_LOG_LEVEL", "LOUD"),
+        ("AP_NAMESPACE", "Not_A_Namespace"),
+        ("AP_EXEMPT_NAMESPACES", "kube-system,bad name"),
+        ("AP_ADVERTISE_HOST", "https://example.com"),
+        ("AP_ADVERTISE_HOST", "example.com:9443"),
+        ("AP_CERT_SECRET", "UPPER"),
+    ],
+)
+def test_bad_values_name_the_variable(name: str, value: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        OperatorSettings.from_env({name: value})
