@@ -20,7 +20,9 @@ Kopf relies on and kmock lacks (see /work/shared/KOPF-NOTES.md, "Testing without
   replays only the events after N (kmock replays every object as ADDED and ignores it);
   watches honour ``timeoutSeconds``;
 * discovery: the resources are declared by hand (builtins from kmock's bundled K3s list),
-  the project's CRD from ``crds/admissionpolicy.yaml``, and the CRD object is stored too.
+  the project's CRD from ``crds/admissionpolicy.yaml``, and the CRD object is stored too;
+* Namespace objects: kmock parses ``/api/v1/namespaces/X`` as "in namespace X" and cannot
+  serve them at all; they are routed under a placeholder resource and restored.
 
 Not emulated (by design): schema validation and defaulting from the CRD, label/field
 selectors, garbage collection of owned objects, admission webhooks (test the webhook server
@@ -168,8 +170,9 @@ class ShimmedEmulator(kmock.KubernetesEmulator):
 
     Writes (POST/PATCH/PUT/DELETE on resources) are applied here instead of in kmock's
     ``_handle`` (which stores bodies verbatim and turns a failed JSON-patch test into a 500);
-    the stored state, history (``.objects``), recorded requests (``.requests``), event buses
-    and kmock's serving of responses (and any DSL reactions a test adds) are kmock's own.
+    the stored state and history (``.objects``), the recorded requests (``list(emulator.kmock)``),
+    the event buses and the serving of answers (including DSL reactions a test adds, e.g.
+    ``emulator.kmock['patch', kmock.resource(...)] << 500``) remain kmock's own.
     """
 
     _rv: int = attrs.field(default=1000, init=False)

@@ -87,7 +87,15 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 
     api_client = await new_api_client()
     store = PolicyStore(config.default_failure_policy)
-    bundle = await certificates.ensure_certificates(client.CoreV1Api(api_client), config, _now())
+    try:
+        bundle = await certificates.ensure_certificates(client.CoreV1Api(api_client), config, _now())
+    except client.ApiException as exc:
+        await api_client.close()
+        hint = (f"does namespace {config.namespace!r} exist? create it or set AP_NAMESPACE"
+                if exc.status == 404 else "check the operator's RBAC for Secrets")
+        secret = f"{config.namespace}/{config.cert_secret}"
+        raise kopf.PermanentError(f"cannot keep the serving certificate in Secret {secret}: "
+                                  f"{exc.status} {exc.reason}; {hint}") from None
     paths = certificates.write_files(bundle, config.cert_dir)
     settings.admission.server = PolicyWebhookServer(
         listening=store.listening, addr=config.listen_host, port=config.listen_port,

@@ -1,0 +1,99 @@
+"""The emulated cluster for one scenario, in its own process (so the server's RSS and CPU are
+the server's alone): kmock's KubernetesEmulator through the tests' harness.
+
+    python bench/emulator_host.py --set pss --generated 1000 --timeout 240
+
+Prints ``{"url", "kubeconfig"}`` once serving, with the policies already stored (the operator
+finds them at startup, as after a restart); then ``{"active", "seconds", "phases"}`` once every
+policy's ``status.phase`` is Active (or ``{"error"}`` at the timeout). Serves until stdin closes.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import copy
+import sys
+import time
+import warnings
+from typing import Any
+
+import kmock
+import policies
+from common import CLIENT_CORE, HARNESS, emit, pin
+
+sys.path.insert(0, str(HARNESS))
+from emulator import ADMISSION_POLICIES, NAMESPACES, Emulator  # noqa: E402  (test harness, found via sys.path)
+
+REQUEST_NAMESPACES = ("default", "shop")   # where the bench's requests live: watched, never fetched
+
+
+def declare_cluster(emu: Emulator) -> None:
+    """Serve the same resources in every scenario (see policies.py)."""
+    bundled = kmock.ResourcesArray()
+    with warnings.catch_warnings():  # kmock 0.8 uses the deprecated importlib.resources.read_binary
+        warnings.simplefilter("ignore", DeprecationWarning)
+        bundled.load_bundled()
+    seen: set[tuple[str, str]] = set()
+    for resource in bundled:
+        key = (resource.group, resource.plural)
+        if resource.group in policies.SKIPPED_GROUPS or key in seen:
+            continue   # bundled lists the preferred version first
+        seen.add(key)
+        if resource not in emu.kmock.resources:
+            emu.kmock.resources[resource] = copy.deepcopy(bundled[resource])
+    for crd in policies.crds():
+        emu.declare_crd(crd, store=True)
+
+
+def preload(emu: Emulator, bodies: list[dict[str, Any]]) -> None:
+    for name in REQUEST_NAMESPACES:
+        emu.kmock.put_object(NAMESPACES, {"metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name}}})
+    for body in bodies:
+        emu.kmock.put_object(ADMISSION_POLICIES, body)
+
+
+def phases(emu: Emulator, names: list[str]) -> collections.Counter[str]:
+    """Phase per policy, read from storage without copying (peek() deep-copies)."""
+    counts: collections.Counter[str] = collections.Counter()
+    resource = kmock.resource(ADMISSION_POLICIES)
+    for name in names:
+        key = (resource, None, name)
+        stored = emu.kmock.objects[key].raw if key in emu.kmock.objects else {}
+        counts[str((stored.get("status") or {}).get("phase"))] += 1
+    return counts
+
+
+async def wait_active(emu: Emulator, names: list[str], timeout: float) -> None:
+    started = time.monotonic()
+    counts = phases(emu, names)
+    while counts["Active"] < len(names):
+        if time.monotonic() - started > timeout:
+            emit(error=f"not all policies Active after {timeout:.0f}s", phases=dict(counts))
+            return
+        await asyncio.sleep(0.25)
+        counts = phases(emu, names)
+    emit(active=len(names), seconds=round(time.monotonic() - started, 2), phases=dict(counts))
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--set", choices=sorted(policies.SETS), default="none")
+    parser.add_argument("--generated", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=240.0)
+    args = parser.parse_args()
+    pin(CLIENT_CORE)
+
+    bodies = policies.example_set(args.set) + policies.generated(args.generated)
+    async with Emulator() as emu:
+        declare_cluster(emu)
+        preload(emu, bodies)
+        emit(url=emu.url, kubeconfig=str(emu.kubeconfig))
+        waiting = asyncio.create_task(wait_active(emu, [b["metadata"]["name"] for b in bodies], args.timeout))
+        # Serve until the orchestrator closes our stdin (it also does so when it dies).
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        waiting.cancel()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
