@@ -31,6 +31,7 @@ directly over HTTPS), real authentication.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import collections
 import contextlib
 import copy
@@ -192,8 +193,8 @@ class ShimmedEmulator(kmock.KubernetesEmulator):
     def stamp_new(self, resource: kmock.resource, body: Mapping[str, Any],
                   namespace: str | None = None) -> dict[str, Any]:
         """Fill server-side fields of a new object, as the API server does on creation."""
-        body = copy.deepcopy(dict(body))
-        meta = body.setdefault('metadata', {})
+        result: dict[str, Any] = copy.deepcopy(dict(body))
+        meta = result.setdefault('metadata', {})
         # Not .get(): kmock's ResourcesArray auto-creates (and so declares) missing keys on [].
         info = self.resources[resource] if resource in self.resources else None  # noqa: SIM401
         namespaced = info.namespaced if info is not None else namespace is not None
@@ -208,16 +209,16 @@ class ShimmedEmulator(kmock.KubernetesEmulator):
             suffix = ''.join(random.choices(string.ascii_lowercase + string.digits, k=5))
             meta['name'] = meta['generateName'] + suffix
         group_version = f'{resource.group}/{resource.version}' if resource.group else resource.version
-        body.setdefault('apiVersion', group_version)
+        result.setdefault('apiVersion', group_version)
         if info is not None and info.kind:
-            body.setdefault('kind', info.kind)
+            result.setdefault('kind', info.kind)
         for key in ('deletionTimestamp', 'deletionGracePeriodSeconds'):
             meta.pop(key, None)
         meta['uid'] = str(uuid.uuid4())
         meta['creationTimestamp'] = _now()
         meta['resourceVersion'] = self.next_rv()
         meta['generation'] = 1
-        return body
+        return result
 
     def put_object(self, resource: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """Store an object directly (no HTTP, no watch event): for preloading before a run."""
@@ -295,6 +296,8 @@ class ShimmedEmulator(kmock.KubernetesEmulator):
             await self._emit(resource, 'ADDED', body)
             return None
 
+        if request.name is None:
+            raise kmock.KubernetesObjectNotFoundError()
         key = (resource, request.namespace, request.name)
         if key not in self.objects or self.objects[key].deleted:
             raise kmock.KubernetesObjectNotFoundError()
@@ -306,11 +309,11 @@ class ShimmedEmulator(kmock.KubernetesEmulator):
             if old['metadata'].get('deletionTimestamp'):
                 return None  # already being deleted: answer with the current state
             if old['metadata'].get('finalizers'):
-                new = copy.deepcopy(old)
-                new['metadata'].update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0,
-                                       resourceVersion=self.next_rv())
-                obj.history.append(new)
-                await self._emit(resource, 'MODIFIED', new)
+                deleting = copy.deepcopy(old)
+                deleting['metadata'].update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0,
+                                            resourceVersion=self.next_rv())
+                obj.history.append(deleting)
+                await self._emit(resource, 'MODIFIED', deleting)
             else:
                 await self._delete(resource, obj)
             return None
@@ -504,7 +507,6 @@ class Emulator:
         self._server: kmock.Server | None = None
         self._session: aiohttp.ClientSession | None = None
         self._stack = contextlib.AsyncExitStack()
-        self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
         self.crds: list[dict[str, Any]] = []
         self._declare()
 
@@ -552,8 +554,8 @@ class Emulator:
             self._session = await self._stack.enter_async_context(aiohttp.ClientSession(
                 base_url=self.url, connector=aiohttp.TCPConnector(force_close=True),
                 timeout=aiohttp.ClientTimeout(total=30)))
-            self._tmpdir = self._stack.enter_context(tempfile.TemporaryDirectory(prefix='kmock-'))
-            self.kubeconfig = pathlib.Path(self._tmpdir) / 'kubeconfig'
+            tmpdir = self._stack.enter_context(tempfile.TemporaryDirectory(prefix='kmock-'))
+            self.kubeconfig = pathlib.Path(tmpdir) / 'kubeconfig'
             self.kubeconfig.write_text(yaml.safe_dump({
                 'apiVersion': 'v1', 'kind': 'Config', 'current-context': 'emulator',
                 'clusters': [{'name': 'emulator', 'cluster': {'server': self.url}}],
@@ -637,12 +639,12 @@ class Emulator:
         result: dict[str, Any] = body
         return result
 
-    async def list(self, resource: str, *, namespace: str | None = None) -> list[dict[str, Any]]:
+    async def list(self, resource: str, *, namespace: str | None = None) -> builtins.list[dict[str, Any]]:
         body = await self._call('GET', self.path(resource, namespace=namespace))
-        items: list[dict[str, Any]] = body.get('items', [])
+        items: builtins.list[dict[str, Any]] = body.get('items', [])
         return items
 
-    async def patch(self, resource: str, name: str, patch: Mapping[str, Any] | list[dict[str, Any]], *,
+    async def patch(self, resource: str, name: str, patch: Mapping[str, Any] | builtins.list[dict[str, Any]], *,
                     namespace: str | None = None, subresource: str | None = None) -> dict[str, Any]:
         """A dict is sent as a JSON merge patch, a list as a JSON patch."""
         content_type = 'application/json-patch+json' if isinstance(patch, list) else 'application/merge-patch+json'
@@ -683,7 +685,7 @@ class Emulator:
         return any(r.action == kmock.action.WATCH and r.resource == res and r.namespace == namespace
                    for r in self.kmock)
 
-    def events_for(self, name: str, *, namespace: str | None = None) -> list[dict[str, Any]]:
+    def events_for(self, name: str, *, namespace: str | None = None) -> builtins.list[dict[str, Any]]:
         """Stored core/v1 events whose ``involvedObject.name`` is ``name``."""
         res = kmock.resource(EVENTS)
         return [copy.deepcopy(obj.raw) for (r, _, _), obj in self.kmock.objects.items()

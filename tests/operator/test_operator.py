@@ -97,7 +97,8 @@ async def test_a_resource_the_cluster_does_not_serve_is_degraded(
 
 def routed_resources(emulator: Emulator) -> set[str]:
     config = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME) or {}
-    return {resource for webhook in config.get("webhooks", []) if webhook["name"] != "policies.validate.policy-operator.dev"
+    fixed = "policies.validate.policy-operator.dev"
+    return {resource for webhook in config.get("webhooks", []) if webhook["name"] != fixed
             for rule in webhook.get("rules", []) for resource in rule["resources"]}
 
 

@@ -198,19 +198,31 @@ async def test_no_per_request_log_lines_at_info(serving: Any, caplog: pytest.Log
         assert noisy == []
 
 
-async def test_probes_and_metrics(serving: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+DENIED = 'admission_policy_requests_total{decision="denied",operation="CREATE",policy="deny-offensive-pod-names"}'
+
+
+def metric(text: str, name: str) -> float:
+    """A sample's value (0 when absent): the registry is per process, so tests compare deltas."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_probes_and_metrics(serving: Any) -> None:
     import os
-    async with serving() as webhook:
+    async with serving() as webhook, aiohttp.ClientSession() as session:
+        metrics_url = f"http://127.0.0.1:{os.environ['AP_METRICS_PORT']}/metrics"
+        health = f"http://127.0.0.1:{os.environ['AP_HEALTH_PORT']}"
+        async with session.get(metrics_url) as response:
+            before = await response.text()
         await webhook.review("/validate", pod_request("offensive-pod", labels={"team": "a"}))
-        async with aiohttp.ClientSession() as session:
-            health = f"http://127.0.0.1:{os.environ['AP_HEALTH_PORT']}"
-            async with session.get(f"{health}/healthz") as response:
-                assert response.status == 200
-            async with session.get(f"{health}/readyz") as response:
-                assert response.status == 200
-            async with session.get(f"http://127.0.0.1:{os.environ['AP_METRICS_PORT']}/metrics") as response:
-                text = await response.text()
-    assert ('admission_policy_requests_total{decision="denied",operation="CREATE",'
-            'policy="deny-offensive-pod-names"} 1.0') in text
-    assert 'admission_policy_evaluation_seconds_count{webhook="validate"}' in text
-    assert "admission_policy_policies_loaded" in text
+        async with session.get(f"{health}/healthz") as response:
+            assert response.status == 200
+        async with session.get(f"{health}/readyz") as response:
+            assert response.status == 200
+        async with session.get(metrics_url) as response:
+            after = await response.text()
+    assert metric(after, DENIED) == metric(before, DENIED) + 1
+    assert 'admission_policy_evaluation_seconds_count{webhook="validate"}' in after
+    assert metric(after, "admission_policy_policies_loaded") >= 4

@@ -112,7 +112,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
              registration.keep_configurations(api_client, config, store, op.discovery, lambda: op.bundle.ca_bundle))
     op.spawn("denial events", op.denials.run(api_client, store.uids.get))
     op.spawn("certificate renewal", _renew_certificates(op))
-    op.spawn("gauges", _update_gauges(store))
+    metrics.POLICIES.set_function(lambda: len(store.policies))   # read at scrape time
+    metrics.REJECTED.set_function(lambda: len(store.rejected))
     store.changed.set()  # write the configurations once even with no policies (the fixed entry)
     logger.info("Operator started: webhook on %s:%d, %s client config", config.listen_host, config.listen_port,
                 f"url https://{config.advertise_host}:{config.listen_port}" if config.advertise_host else "service")
@@ -297,13 +298,6 @@ async def _renew_certificates(op: Operator) -> None:
         await op.store.wait_registration_after(written, timeout=REGISTRATION_TIMEOUT)
         certificates.write_files(bundle, op.settings.cert_dir)
         logger.info("Serving certificate renewed; valid until %s", bundle.not_after.isoformat())
-
-
-async def _update_gauges(store: PolicyStore) -> None:
-    while True:
-        metrics.POLICIES.set(len(store.policies))
-        metrics.REJECTED.set(len(store.rejected))
-        await asyncio.sleep(5)
 
 
 def _report_crash(task: asyncio.Task[Any]) -> None:
