@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from emulator import (
     ADMISSION_POLICIES,
     MUTATING_WEBHOOK_CONFIGURATIONS,
@@ -194,3 +195,35 @@ async def served_certificate(port: int) -> x509.Certificate:
     finally:
         writer.close()
     return x509.load_der_x509_certificate(der)
+
+
+async def test_a_certificate_near_expiry_is_renewed_with_both_cas_trusted(
+        emulator: Emulator, run_operator: Any, env: dict[str, str]) -> None:
+    import datetime
+    import os
+
+    from admission_policy.operator import certificates
+    from admission_policy.operator.settings import OperatorSettings
+
+    settings = OperatorSettings.from_env(os.environ)
+    hosts = certificates.serving_hosts(settings)
+    # Issued ~300 days ago: less than a third of its year remains, so it is due for renewal.
+    old = certificates.generate_bundle(hosts, datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=300))
+    await emulator.create(SECRETS, {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                                    "metadata": {"name": settings.cert_secret, "namespace": NAMESPACE},
+                                    "data": certificates.bundle_to_secret_data(old)}, namespace=NAMESPACE)
+    async with operator_running(run_operator):
+        await emulator.create(ADMISSION_POLICIES, policy_body("deny-bad", validations=DENY_BAD))
+        await wait_phase(emulator, "deny-bad", "Active")
+        served = await served_certificate(int(env["AP_LISTEN_PORT"]))
+    validating = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
+    assert validating is not None
+    trusted = x509.load_pem_x509_certificates(base64.b64decode(validating["webhooks"][0]["clientConfig"]["caBundle"]))
+    old_ca = x509.load_pem_x509_certificate(old.ca_cert_pem.encode())
+    assert old_ca in trusted and len(trusted) == 2        # API servers holding the old CA keep working
+    new_ca = next(ca for ca in trusted if ca != old_ca)
+    served.verify_directly_issued_by(new_ca)              # the server already presents the new certificate
+    secret = emulator.peek(SECRETS, settings.cert_secret, namespace=NAMESPACE)
+    assert secret is not None
+    assert certificates.bundle_from_secret_data(secret["data"]).ca_cert_pem == new_ca.public_bytes(
+        serialization.Encoding.PEM).decode()
