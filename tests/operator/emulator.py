@@ -497,7 +497,7 @@ class Emulator:
     A started ``ShimmedEmulator`` on 127.0.0.1 (random port) with the project's resources declared.
 
     ``url`` is the API base URL; ``kmock`` is the kmock handler (its DSL, ``.objects``,
-    ``.requests`` and ``.resources`` stay available); ``kubeconfig`` is a kubeconfig file
+    ``.resources``, recorded requests as ``list(emulator.kmock)``); ``kubeconfig`` is a kubeconfig file
     for clients that load one. Resources are written as ``'group/version/plural'``
     (``'v1/pods'`` for the core group), or with the constants of this module.
     """

@@ -43,7 +43,10 @@ async def test_create_adds_finalizer_and_reaches_active_with_conditions(
     async with operator_running(run_operator):
         await emulator.create(ADMISSION_POLICIES, policy_body("deny-bad", validations=DENY_BAD))
         body = await wait_phase(emulator, "deny-bad", "Active")
+        await wait_for(lambda: any(e["reason"] == "Active" for e in emulator.events_for("deny-bad")))
     assert FINALIZER in body["metadata"]["finalizers"]
+    (event,) = [e for e in emulator.events_for("deny-bad") if e["reason"] == "Active"]
+    assert event["type"] == "Normal" and "→ Active" in event["message"]
     assert body["status"]["observedGeneration"] == body["metadata"]["generation"]
     found = conditions(body)
     assert set(found) == {"Compiled", "Registered", "Ready"}
@@ -60,6 +63,8 @@ async def test_invalid_cel_goes_failed_with_the_compiler_message(
         # Created directly in storage, as if the validating webhook had been down.
         await emulator.create(ADMISSION_POLICIES, policy_body("broken", validations=broken))
         body = await wait_phase(emulator, "broken", "Failed")
+        await wait_for(lambda: any(e["reason"] == "Failed" for e in emulator.events_for("broken")))
+    assert [e["type"] for e in emulator.events_for("broken") if e["reason"] == "Failed"] == ["Warning"]
     compiled = conditions(body)["Compiled"]
     assert compiled["status"] == "False" and compiled["reason"] == "CompileError"
     assert "spec.validations[0].expression (line 1, column" in compiled["message"]

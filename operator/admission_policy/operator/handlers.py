@@ -79,7 +79,6 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 
     settings.admission.managed = None          # we write the configurations ourselves (DESIGN §5)
     settings.persistence.finalizer = FINALIZER
-    settings.posting.level = logging.WARNING   # events only for problems; transitions are posted explicitly
     if settings.peering.name == "default":
         settings.peering.name = config.peering_name
     if settings.peering.priority == 0:
