@@ -1,0 +1,596 @@
+"""Helpers for the e2e tests: a real kube-apiserver reached with pykube-ng (synchronous), no fakes.
+
+Everything here talks HTTP to the cluster named by ``$KUBECONFIG``. Requests go through pykube's
+``HTTPClient`` (its session carries the kubeconfig's credentials); :func:`Cluster.call` returns the
+status, the decoded body and the parsed ``Warning:`` headers, so tests can check denials, messages,
+warnings and mutations exactly as the API server returns them to kubectl.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import pathlib
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+import pykube
+import pytest
+import requests
+import yaml
+from pykube.objects import APIObject, NamespacedAPIObject
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+CRD_FILE = ROOT / "crds" / "admissionpolicy.yaml"
+CRD_NAME = "admissionpolicies.policy-operator.dev"
+OPERATOR_MODULE = "admission_policy.operator.handlers"
+
+FINALIZER = "policy-operator.dev/finalizer"
+EXEMPT_LABEL = "policy-operator.dev/exempt"
+MANAGED_BY = ("app.kubernetes.io/managed-by", "admission-policy-operator")
+OWNED_LABEL = "e2e.policy-operator.dev/owned"  # on every namespace and policy the e2e creates
+FIELD_MANAGER = "admission-policy-e2e"
+
+T = TypeVar("T")
+
+
+# --- switching on -----------------------------------------------------------------------------------------
+
+def enabled() -> bool:
+    return bool(os.environ.get("KUBECONFIG")) and os.environ.get("E2E") == "1"
+
+
+REQUIRES_CLUSTER = pytest.mark.skipif(
+    not enabled(),
+    reason="e2e needs a real cluster: set KUBECONFIG and E2E=1 (see tests/e2e/README.md)",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class E2ESettings:
+    kubeconfig: pathlib.Path
+    advertise_host: str          # the address the API server uses to reach the operator on this host
+    operator_namespace: str
+    webhook_config_name: str
+    cert_secret: str
+    timeout: float               # deadline of every wait
+    pod_image: str
+
+    @classmethod
+    def from_env(cls) -> E2ESettings:
+        paths = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+        if not paths:
+            raise pytest.UsageError("KUBECONFIG is not set")
+        return cls(
+            # pykube reads one file; with a list, the first one is used (and given to the operator).
+            kubeconfig=pathlib.Path(paths[0]).expanduser(),
+            advertise_host=os.environ.get("E2E_ADVERTISE_HOST", "").strip() or "127.0.0.1",
+            operator_namespace=os.environ.get("E2E_OPERATOR_NAMESPACE", "").strip() or "admission-policy-e2e",
+            webhook_config_name=os.environ.get("E2E_WEBHOOK_CONFIG_NAME", "").strip() or "admission-policy-e2e",
+            cert_secret="admission-policy-e2e-tls",
+            timeout=float(os.environ.get("E2E_TIMEOUT", "").strip() or 60),
+            pod_image=os.environ.get("E2E_POD_IMAGE", "").strip() or "registry.k8s.io/pause:3.9",
+        )
+
+
+# --- resource classes ---------------------------------------------------------------------------------------
+# Subclasses rather than pykube.object_factory: the factory reads (and caches per client) discovery,
+# which does not know AdmissionPolicy until the CRD is established.
+
+class AdmissionPolicy(APIObject):  # type: ignore[misc]
+    version = "policy-operator.dev/v1alpha1"
+    endpoint = "admissionpolicies"
+    kind = "AdmissionPolicy"
+
+
+class ValidatingWebhookConfiguration(APIObject):  # type: ignore[misc]
+    version = "admissionregistration.k8s.io/v1"
+    endpoint = "validatingwebhookconfigurations"
+    kind = "ValidatingWebhookConfiguration"
+
+
+class MutatingWebhookConfiguration(APIObject):  # type: ignore[misc]
+    version = "admissionregistration.k8s.io/v1"
+    endpoint = "mutatingwebhookconfigurations"
+    kind = "MutatingWebhookConfiguration"
+
+
+# --- answers and warnings -----------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Answer:
+    """One API response: HTTP status, decoded body, and the warnings the API server sent."""
+    method: str
+    url: str
+    status: int
+    body: Any
+    warnings: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    @property
+    def obj(self) -> dict[str, Any]:
+        assert self.ok and isinstance(self.body, dict), f"expected an object, got {self}"
+        return self.body
+
+    @property
+    def message(self) -> str:
+        if isinstance(self.body, dict):
+            return str(self.body.get("message", ""))
+        return str(self.body)
+
+    @property
+    def reason(self) -> str:
+        return str(self.body.get("reason", "")) if isinstance(self.body, dict) else ""
+
+    @property
+    def policy_warnings(self) -> list[str]:
+        """Only the warnings our operator produces (the API server may add its own)."""
+        return [w for w in self.warnings if w.startswith('AdmissionPolicy "')]
+
+    def __str__(self) -> str:
+        detail = self.message if not self.ok else "ok"
+        return f"{self.method} {self.url} → {self.status} {self.reason}: {detail} (warnings: {self.warnings})"
+
+
+_WARN_HEAD = re.compile(r'(\d{3}) (\S+) "')
+_WARN_DATE = re.compile(r' "[^"]*"')
+
+
+def parse_warning_headers(values: Iterable[str]) -> list[str]:
+    """The texts of RFC 7234 ``Warning`` headers (``299 - "text"``), as Kubernetes writes them.
+
+    A header value may carry several comma-separated warnings (HTTP clients join repeated headers);
+    the text is a quoted-string with ``\\"`` and ``\\\\`` escapes, so commas inside it are content.
+    """
+    texts: list[str] = []
+    for value in values:
+        i, n = 0, len(value)
+        while True:
+            while i < n and value[i] in " \t,":
+                i += 1
+            if i >= n:
+                break
+            head = _WARN_HEAD.match(value, i)
+            if head is None:
+                raise ValueError(f"malformed Warning header at {i}: {value!r}")
+            i = head.end()
+            text: list[str] = []
+            while i < n and value[i] != '"':
+                if value[i] == "\\" and i + 1 < n:
+                    i += 1
+                text.append(value[i])
+                i += 1
+            if i >= n:
+                raise ValueError(f"unterminated warning text: {value!r}")
+            i += 1
+            date = _WARN_DATE.match(value, i)
+            if date is not None:
+                i = date.end()
+            texts.append("".join(text))
+    return texts
+
+
+def _warning_header_values(response: requests.Response) -> list[str]:
+    raw_headers = getattr(response.raw, "headers", None)
+    if raw_headers is not None and hasattr(raw_headers, "getlist"):
+        return list(raw_headers.getlist("Warning"))  # urllib3 keeps repeated headers apart
+    value = response.headers.get("Warning")
+    return [value] if value else []
+
+
+# --- polling ----------------------------------------------------------------------------------------------
+
+def eventually(produce: Callable[[], T], until: Callable[[T], bool], what: str, timeout: float,
+               interval: float = 0.5) -> T:
+    """Call ``produce`` until ``until`` holds for its result; fail with the last result at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = produce()
+        if until(value):
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {value}")
+        time.sleep(interval)
+
+
+# --- the cluster ------------------------------------------------------------------------------------------
+
+class Cluster:
+    def __init__(self, settings: E2ESettings) -> None:
+        self.settings = settings
+        if not settings.kubeconfig.is_file():
+            pytest.fail(f"KUBECONFIG: no file {settings.kubeconfig}", pytrace=False)
+        config = pykube.KubeConfig.from_file(str(settings.kubeconfig))
+        # Generous: a request may wait on two webhooks (5 s timeout each) when the operator is down.
+        self.api = pykube.HTTPClient(config, timeout=30)
+
+    # raw calls, returning what the API server said (status, body, warnings)
+
+    def call(self, method: str, cls: type[APIObject], name: str | None = None, *, namespace: str | None = None,
+             subresource: str | None = None, body: Any = None, params: Mapping[str, str] | None = None,
+             content_type: str = "application/json") -> Answer:
+        kwargs: dict[str, Any] = {
+            "version": cls.version,
+            "url": "/".join(part for part in (cls.endpoint, name, subresource) if part),
+        }
+        if issubclass(cls, NamespacedAPIObject):
+            if not namespace:  # pykube would fall back to the kubeconfig's namespace: never wanted here
+                raise ValueError(f"{cls.kind} is namespaced: give the namespace")
+            kwargs["namespace"] = namespace
+        if params:
+            kwargs["params"] = dict(params)
+        if body is not None:
+            kwargs["data"] = json.dumps(body)
+            kwargs["headers"] = {"Content-Type": content_type}
+        response = self.api.request(method, **kwargs)
+        try:
+            payload: Any = response.json()
+        except ValueError:
+            payload = response.text
+        return Answer(method, response.url, response.status_code, payload, parse_warning_headers(
+            _warning_header_values(response)))
+
+    def create(self, cls: type[APIObject], body: Mapping[str, Any], *, dry_run: bool = False) -> Answer:
+        namespace = (body.get("metadata") or {}).get("namespace")
+        return self.call("POST", cls, namespace=namespace, body=body,
+                         params={"dryRun": "All"} if dry_run else None)
+
+    def get(self, cls: type[APIObject], name: str, namespace: str | None = None) -> Answer:
+        return self.call("GET", cls, name, namespace=namespace)
+
+    def merge_patch(self, cls: type[APIObject], name: str, patch: Mapping[str, Any], *,
+                    namespace: str | None = None, subresource: str | None = None) -> Answer:
+        return self.call("PATCH", cls, name, namespace=namespace, subresource=subresource, body=patch,
+                         content_type="application/merge-patch+json")
+
+    def delete(self, cls: type[APIObject], name: str, namespace: str | None = None) -> Answer:
+        answer = self.call("DELETE", cls, name, namespace=namespace)
+        assert answer.ok or answer.status == 404, f"cannot delete {cls.kind} {name}: {answer}"
+        return answer
+
+    def items(self, cls: type[APIObject], *, label_selector: str | None = None,
+             namespace: str | None = None) -> list[dict[str, Any]]:
+        answer = self.call("GET", cls, namespace=namespace,
+                           params={"labelSelector": label_selector} if label_selector else None)
+        items: list[dict[str, Any]] = answer.obj.get("items") or []
+        return items
+
+    def wait_gone(self, cls: type[APIObject], name: str, namespace: str | None = None,
+                  timeout: float | None = None) -> None:
+        eventually(lambda: self.get(cls, name, namespace), lambda a: a.status == 404,
+                   f"{cls.kind} {name} to be gone", timeout or self.settings.timeout)
+
+    # setup
+
+    def check_reachable(self) -> None:
+        try:
+            response = self.api.session.get(f"{self.api.url}/version", timeout=10)
+        except requests.RequestException as exc:
+            problem = str(exc)
+        else:
+            problem = "" if response.ok else f"/version answered {response.status_code}: {response.text}"
+        if problem:
+            pytest.fail(f"cannot use the API server of {self.settings.kubeconfig}: {problem}", pytrace=False)
+
+    def apply_crd(self) -> None:
+        """`kubectl apply --server-side -f crds/admissionpolicy.yaml`, then wait until Established."""
+        crd = yaml.safe_load(CRD_FILE.read_text())
+        assert crd["metadata"]["name"] == CRD_NAME
+        answer = self.call("PATCH", pykube.CustomResourceDefinition, CRD_NAME, body=crd,
+                           params={"fieldManager": FIELD_MANAGER, "force": "true"},
+                           content_type="application/apply-patch+yaml")
+        assert answer.ok, f"applying {CRD_FILE.name} failed: {answer}"
+
+        def established(a: Answer) -> bool:
+            conditions = (a.obj.get("status") or {}).get("conditions") or []
+            return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+        eventually(lambda: self.get(pykube.CustomResourceDefinition, CRD_NAME), established,
+                   f"CRD {CRD_NAME} to be Established", self.settings.timeout)
+
+    def create_namespace(self, name: str, labels: Mapping[str, str] | None = None) -> None:
+        """A fresh namespace where pods can be created at once (its default ServiceAccount exists)."""
+        existing = self.get(pykube.Namespace, name)
+        if existing.ok and existing.obj.get("metadata", {}).get("deletionTimestamp"):
+            self.wait_gone(pykube.Namespace, name, timeout=self.settings.timeout * 3)
+            existing = self.get(pykube.Namespace, name)
+        if not existing.ok:
+            body = {"apiVersion": "v1", "kind": "Namespace",
+                    "metadata": {"name": name, "labels": {OWNED_LABEL: "true", **(labels or {})}}}
+            answer = self.create(pykube.Namespace, body)
+            assert answer.ok, f"cannot create namespace {name}: {answer}"
+        # The ServiceAccount admission plugin refuses pods until the controller made "default".
+        eventually(lambda: self.get(pykube.ServiceAccount, "default", name), lambda a: a.ok,
+                   f"ServiceAccount default in namespace {name}", self.settings.timeout)
+
+    def delete_webhook_configurations(self) -> None:
+        """Delete both configurations named ``webhook_config_name``: each is tried, whatever the other did."""
+        name = self.settings.webhook_config_name
+        problems = []
+        for cls in (ValidatingWebhookConfiguration, MutatingWebhookConfiguration):
+            try:
+                self.delete(cls, name)
+            except (AssertionError, requests.RequestException) as exc:
+                problems.append(str(exc))
+        assert not problems, "deleting the webhook configurations failed: " + "; ".join(problems)
+
+    def owned_policies(self) -> list[str]:
+        answer = self.call("GET", AdmissionPolicy, params={"labelSelector": f"{OWNED_LABEL}=true"})
+        if answer.status == 404:  # the CRD is not installed
+            return []
+        return [p["metadata"]["name"] for p in answer.obj.get("items") or []]
+
+
+# --- policies and objects -----------------------------------------------------------------------------------
+
+def example_policy(example: str) -> dict[str, Any]:
+    """``examples/<example>/policy.yaml`` exactly as users apply it, plus our ownership label."""
+    body: dict[str, Any] = yaml.safe_load((EXAMPLES / example / "policy.yaml").read_text())
+    body["metadata"].setdefault("labels", {})[OWNED_LABEL] = "true"
+    return body
+
+
+def policy_body(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy",
+            "metadata": {"name": name, "labels": {OWNED_LABEL: "true"}}, "spec": spec}
+
+
+def example_object(example: str, filename: str, namespace: str, image: str, *, name: str | None = None
+                   ) -> dict[str, Any]:
+    """A sample object of an example, moved to ``namespace`` and made cheap to create.
+
+    Container images become ``image`` (a tiny one: nothing needs to run, admission is what is tested,
+    and the examples' registries do not exist). Deployments are created paused, so the controller
+    starts no ReplicaSet and no pods; the policies under test do not look at ``spec.paused``.
+    """
+    body: dict[str, Any] = yaml.safe_load((EXAMPLES / example / filename).read_text())
+    body = copy.deepcopy(body)
+    body["metadata"]["namespace"] = namespace
+    if name is not None:
+        body["metadata"].pop("generateName", None)
+        body["metadata"]["name"] = name
+    pod_spec = body["spec"]["template"]["spec"] if "template" in body.get("spec", {}) else body.get("spec", {})
+    for key in ("initContainers", "containers"):
+        for container in pod_spec.get(key) or []:
+            container["image"] = image
+    if body["kind"] == "Deployment":
+        body["spec"]["paused"] = True
+    return body
+
+
+def assert_denied(answer: Answer, policy: str, *fragments: str, code: int | None = None) -> None:
+    """Denied by ``policy`` through our webhook, with every fragment in the message."""
+    assert not answer.ok, f"expected a denial by {policy}, but the request was allowed: {answer}"
+    assert "admission webhook" in answer.message, f"not denied by an admission webhook: {answer}"
+    assert f'AdmissionPolicy "{policy}" denied the request: ' in answer.message, answer.message
+    for fragment in fragments:
+        assert fragment in answer.message, f"{fragment!r} not in {answer.message!r}"
+    if code is not None:
+        assert answer.status == code, f"expected HTTP {code}: {answer}"
+
+
+def unique(prefix: str, limit: int = 63) -> str:
+    """``prefix-xxxxxx``, a valid DNS label of at most ``limit`` characters."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", prefix.lower()).strip("-")
+    suffix = secrets.token_hex(3)
+    return f"{slug[: limit - len(suffix) - 1].rstrip('-')}-{suffix}"
+
+
+# --- the operator process -----------------------------------------------------------------------------------
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+class OperatorProcess:
+    """``kopf run -m admission_policy.operator.handlers --all-namespaces --standalone`` on this host."""
+
+    def __init__(self, cluster: Cluster, log_path: pathlib.Path, cert_dir: pathlib.Path) -> None:
+        self.cluster = cluster
+        self.settings = cluster.settings
+        self.log_path = log_path
+        self.listen_port, self.health_port, self.metrics_port = free_ports(3)
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": str(self.settings.kubeconfig),
+            "PYTHONUNBUFFERED": "1",
+            "AP_NAMESPACE": self.settings.operator_namespace,
+            "AP_LISTEN_HOST": "0.0.0.0",
+            "AP_LISTEN_PORT": str(self.listen_port),
+            "AP_ADVERTISE_HOST": self.settings.advertise_host,
+            "AP_HEALTH_PORT": str(self.health_port),
+            "AP_METRICS_PORT": str(self.metrics_port),
+            "AP_CERT_DIR": str(cert_dir),
+            "AP_CERT_SECRET": self.settings.cert_secret,
+            "AP_WEBHOOK_CONFIG_NAME": self.settings.webhook_config_name,
+            "AP_LOG_LEVEL": os.environ.get("E2E_OPERATOR_LOG_LEVEL", "INFO"),
+        }
+        self.process: subprocess.Popen[bytes] | None = None
+        # Outlives a killed pytest (the operator runs in its own session), so the next run can tell.
+        self.pidfile = pathlib.Path(tempfile.gettempdir()) / f"{self.settings.webhook_config_name}.e2e-operator.pid"
+
+    @property
+    def url(self) -> str:
+        host = self.settings.advertise_host
+        return f"https://{f'[{host}]' if ':' in host else host}:{self.listen_port}"
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def check_no_leftover(self) -> None:
+        """Refuse to start next to the operator of an earlier run that was killed: both would write
+        the same webhook configurations."""
+        try:
+            pid = int(self.pidfile.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return
+        try:
+            os.kill(pid, 0)  # signal 0: only asks whether the process exists
+            alive = True
+        except (ProcessLookupError, PermissionError):
+            alive = False
+        if alive:
+            ps = subprocess.run(["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True, check=False)
+            if OPERATOR_MODULE in ps.stdout:
+                pytest.fail(f"the operator of an earlier e2e run is still running (pid {pid}, see {self.pidfile}); "
+                            f"stop it first: kill {pid}", pytrace=False)
+        self.pidfile.unlink(missing_ok=True)
+
+    def start(self) -> None:
+        """Start, then wait until /readyz answers and the API server reaches the webhook."""
+        assert not self.alive(), "the operator is already running"
+        with self.log_path.open("ab") as log:
+            log.write(f"\n===== e2e: starting the operator ({self.url}) =====\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "kopf", "run", "-m", OPERATOR_MODULE, "--all-namespaces", "--standalone"],
+                cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                # Own session: a Ctrl-C in the terminal must not kill it before the teardown has
+                # deleted the policies, whose finalizer only a live operator removes.
+                start_new_session=True,
+            )
+        self.pidfile.write_text(f"{self.process.pid}\n")
+        self._wait_ready()
+        self._wait_reachable()
+
+    def stop(self, timeout: float = 30) -> int | None:
+        """SIGTERM (graceful, as Kubernetes stops a pod), SIGKILL after ``timeout``; the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self.pidfile.unlink(missing_ok=True)
+        return self.process.returncode
+
+    def log_tail(self, lines: int = 80) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return "(no operator log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _fail(self, message: str) -> None:
+        pytest.fail(f"{message}\n--- operator log ({self.log_path}), last lines ---\n{self.log_tail()}",
+                    pytrace=False)
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.settings.timeout
+        last = "no answer yet"
+        while True:
+            if not self.alive():
+                assert self.process is not None
+                self._fail(f"the operator exited with code {self.process.returncode} before it was ready")
+            try:
+                response = requests.get(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2)
+                if response.status_code == 200:
+                    return
+                last = f"HTTP {response.status_code}"
+            except requests.RequestException as exc:
+                last = repr(exc)
+            if time.monotonic() >= deadline:
+                self._fail(f"the operator's /readyz was not 200 within {self.settings.timeout:.0f}s: {last}")
+            time.sleep(0.5)
+
+    def _wait_reachable(self) -> None:
+        """The API server calls our policy webhook: a dry-run create of an invalid policy is refused by it.
+
+        Dry-run, so that nothing is stored while the configuration is not yet in effect.
+        """
+        name = self.settings.webhook_config_name
+        cluster = self.cluster
+        try:
+            eventually(lambda: cluster.get(ValidatingWebhookConfiguration, name), lambda a: a.ok,
+                       f"ValidatingWebhookConfiguration {name} to be written", self.settings.timeout)
+        except AssertionError as exc:
+            self._fail(str(exc))
+        probe = policy_body("e2e-reachability-probe", match={"resources": [POD_RULE]},
+                            validations=[{"expression": "object.metadata.name.startsWith(", "message": "probe"}])
+        deadline = time.monotonic() + self.settings.timeout
+        while True:
+            if not self.alive():
+                assert self.process is not None
+                self._fail(f"the operator exited with code {self.process.returncode}")
+            answer = cluster.create(AdmissionPolicy, probe, dry_run=True)
+            if 400 <= answer.status < 500 and "admission webhook" in answer.message:  # refused by the operator
+                return
+            if time.monotonic() >= deadline:
+                self._fail(
+                    f"the API server does not reach the operator's webhook at {self.url} "
+                    f"within {self.settings.timeout:.0f}s; last answer: {answer}\n"
+                    "When the API server runs in a container (kind), set E2E_ADVERTISE_HOST to an address "
+                    "of this host that the container can reach (see tests/e2e/README.md).")
+            time.sleep(1)
+
+
+POD_RULE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE"]}
+
+
+# --- policies under test ------------------------------------------------------------------------------------
+
+class Policies:
+    """AdmissionPolicies a test applies; the fixture deletes them afterwards and waits until gone."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.names: list[str] = []
+
+    def apply(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Create, then wait until the operator reports it Active for this generation."""
+        name = body["metadata"]["name"]
+        self.names.append(name)
+        answer = self.cluster.create(AdmissionPolicy, body)
+        assert answer.ok, f"creating AdmissionPolicy {name} failed: {answer}"
+        return self.wait_active(name)
+
+    def apply_example(self, example: str) -> dict[str, Any]:
+        return self.apply(example_policy(example))
+
+    def wait_active(self, name: str) -> dict[str, Any]:
+        def active(answer: Answer) -> bool:
+            if not answer.ok:
+                return False
+            body = answer.obj
+            status = body.get("status") or {}
+            if status.get("observedGeneration") != body["metadata"].get("generation"):
+                return False
+            if status.get("phase") in ("Failed", "Degraded"):
+                raise AssertionError(f"AdmissionPolicy {name} went {status['phase']}: {status.get('conditions')}")
+            return status.get("phase") == "Active"
+        answer = eventually(lambda: self.cluster.get(AdmissionPolicy, name), active,
+                            f"AdmissionPolicy {name} to be Active", self.cluster.settings.timeout)
+        return answer.obj
+
+    def delete(self, name: str) -> None:
+        """Delete and wait until it is gone (the operator unroutes it, then releases the finalizer)."""
+        self.cluster.delete(AdmissionPolicy, name)
+        self.cluster.wait_gone(AdmissionPolicy, name)
+
+    def delete_all(self) -> None:
+        for name in dict.fromkeys(reversed(self.names)):
+            self.cluster.delete(AdmissionPolicy, name)
+        for name in dict.fromkeys(self.names):
+            self.cluster.wait_gone(AdmissionPolicy, name)
