@@ -484,3 +484,14 @@ def test_policy_set_updates_are_new_sets() -> None:
     assert [p.name for p in second.remove("a")] == ["b"]
     with pytest.raises(ValueError, match="unique"):
         PolicySet([a, a])
+
+
+def test_replacing_a_policy_drops_its_old_routes() -> None:
+    deployments = {"apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["deployments"], "operations": ["*"]}
+    before = PolicySet([policy("p", validations=[{"expression": "false"}]),
+                        policy("q", validations=[{"expression": "false"}])])
+    after = before.replace(policy("p", rules=[deployments], validations=[{"expression": "false"}]))
+    assert [p.name for p in after.candidates(request(pod()))] == ["q"]
+    assert [p.name for p in after.candidates(request({}, resource="deployments", group="apps"))] == ["p"]
+    assert [p.name for p in before.candidates(request(pod()))] == ["p", "q"]   # the old set is untouched
+    assert after.remove("nope") is after and len(after.remove("p")) == 1

@@ -1,13 +1,14 @@
 """An immutable, indexed set of compiled policies.
 
-The index maps (group, resource, subresource) to the policies whose rules name them, so a
-request costs a handful of dict lookups however many policies are installed, and a request
-that no rule names evaluates no CEL at all.
+The index maps (group, resource, subresource, operation) to the policies whose rules name them,
+so a request costs a handful of dict lookups however many policies are installed, and a
+request that no rule names evaluates no CEL at all. An update returns a new set that shares
+everything but the changed policy's entries, so loading N policies one by one stays linear.
 """
 from __future__ import annotations
 
+import functools
 import itertools
-from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from typing import Final
 
@@ -16,7 +17,8 @@ from .compiler import CompiledPolicy
 from .request import AdmissionRequest
 
 _Key = tuple[str, str, str, str]  # group, resource, subresource, operation ("*" = any)
-_Entry = tuple[int, CompiledPolicy, ResourceRule]
+_Entry = tuple[CompiledPolicy, ResourceRule]
+_Index = dict[_Key, tuple[_Entry, ...]]
 
 _ANY: Final = "*"
 
@@ -25,51 +27,82 @@ class PolicySet:
     """Policies in name order, with candidate lookup by what a request addresses."""
 
     def __init__(self, policies: Iterable[CompiledPolicy] = ()) -> None:
-        ordered = sorted(policies, key=lambda p: p.name)
-        names = [p.name for p in ordered]
-        if len(set(names)) != len(names):
-            raise ValueError("policy names must be unique in a PolicySet")
-        self._policies: tuple[CompiledPolicy, ...] = tuple(ordered)
-        index: defaultdict[_Key, list[_Entry]] = defaultdict(list)
-        for order, policy in enumerate(ordered):
-            for rule in policy.policy.match.resources:
-                for key in _rule_keys(rule):
-                    index[key].append((order, policy, rule))
-        self._index: dict[_Key, tuple[_Entry, ...]] = {k: tuple(v) for k, v in index.items()}
+        self._policies: dict[str, CompiledPolicy] = {}
+        self._index: _Index = {}
+        for policy in policies:
+            if policy.name in self._policies:
+                raise ValueError(f"policy names must be unique in a PolicySet: {policy.name!r}")
+            self._policies[policy.name] = policy
+            _add(self._index, policy)
+
+    @classmethod
+    def _of(cls, policies: dict[str, CompiledPolicy], index: _Index) -> PolicySet:
+        new = cls()
+        new._policies, new._index = policies, index
+        return new
+
+    @functools.cached_property
+    def _ordered(self) -> tuple[CompiledPolicy, ...]:
+        return tuple(self._policies[name] for name in sorted(self._policies))
 
     def __len__(self) -> int:
         return len(self._policies)
 
     def __iter__(self) -> Iterator[CompiledPolicy]:
-        return iter(self._policies)
+        return iter(self._ordered)
 
     def __contains__(self, name: object) -> bool:
-        return any(p.name == name for p in self._policies)
+        return name in self._policies
 
     def get(self, name: str) -> CompiledPolicy | None:
-        return next((p for p in self._policies if p.name == name), None)
+        return self._policies.get(name)
 
     def replace(self, policy: CompiledPolicy) -> PolicySet:
         """A new set with this policy added or replacing the one of the same name."""
-        return PolicySet([p for p in self._policies if p.name != policy.name] + [policy])
+        policies, index = dict(self._policies), dict(self._index)
+        if policy.name in policies:
+            _discard(index, policies[policy.name])
+        policies[policy.name] = policy
+        _add(index, policy)
+        return PolicySet._of(policies, index)
 
     def remove(self, name: str) -> PolicySet:
-        return PolicySet(p for p in self._policies if p.name != name)
+        if name not in self._policies:
+            return self
+        policies, index = dict(self._policies), dict(self._index)
+        _discard(index, policies.pop(name))
+        return PolicySet._of(policies, index)
 
     def candidates(self, request: AdmissionRequest) -> list[CompiledPolicy]:
-        """Policies with a rule naming this request's resource, operation and version."""
+        """Policies with a rule naming this request's resource, operation and version, by name."""
         subresources = (request.sub_resource, _ANY) if request.sub_resource else ("",)
-        found: dict[int, CompiledPolicy] = {}
+        found: dict[str, CompiledPolicy] = {}
         for key in itertools.product((request.group, _ANY), (request.resource, _ANY), subresources,
                                      (request.operation, _ANY)):
-            for order, policy, rule in self._index.get(key, ()):
-                if order not in found and (_ANY in rule.api_versions or request.version in rule.api_versions):
-                    found[order] = policy
-        return [found[order] for order in sorted(found)]
+            for policy, rule in self._index.get(key, ()):
+                if policy.name not in found and (_ANY in rule.api_versions or request.version in rule.api_versions):
+                    found[policy.name] = policy
+        return [found[name] for name in sorted(found)]
 
 
-def _rule_keys(rule: ResourceRule) -> Iterator[_Key]:
+def _keys(rule: ResourceRule) -> Iterator[_Key]:
     """Index keys of a rule; "pods" is the main resource only, "pods/*" its subresources only."""
     for group, resource, operation in itertools.product(rule.api_groups, rule.resources, rule.operations):
         main, _, sub = resource.partition("/")
         yield group, main, sub, operation
+
+
+def _add(index: _Index, policy: CompiledPolicy) -> None:
+    for rule in policy.policy.match.resources:
+        for key in _keys(rule):
+            index[key] = (*index.get(key, ()), (policy, rule))
+
+
+def _discard(index: _Index, policy: CompiledPolicy) -> None:
+    for rule in policy.policy.match.resources:
+        for key in _keys(rule):
+            kept = tuple(entry for entry in index.get(key, ()) if entry[0] is not policy)
+            if kept:
+                index[key] = kept
+            else:
+                index.pop(key, None)
