@@ -345,7 +345,19 @@ def test_variables_are_lazy_and_computed_once() -> None:
     )
     decision = decide([p], request(pod()))
     assert decision.allowed, decision.message           # "broken" is never read, so never fails
-    assert decision.evaluations == 4                     # 2 validations + images + count, each once
+    assert decision.evaluations == 1                     # the policy's validations run as one program
+
+
+def test_an_erring_validation_is_found_by_evaluating_one_at_a_time() -> None:
+    p = policy(variables=[{"name": "images", "expression": "object.spec.containers.map(c, c.image)"},
+                          {"name": "broken", "expression": "object.nothing.here"}],
+               validations=[{"expression": "variables.images.all(i, i == 'nginx')"},
+                            {"expression": "size(variables.broken) == 0", "message": "m"},
+                            {"expression": "false", "message": "always fails"}])
+    decision = decide([p], request(pod()))
+    assert not decision.allowed
+    assert "spec.variables[1].expression" in decision.message and "always fails" in decision.message
+    assert decision.evaluations == 1 + 4     # the batch, then images, the check reading it, broken, false
 
 
 def test_a_failing_variable_fails_the_expressions_that_read_it() -> None:
@@ -472,7 +484,7 @@ def test_cost_grows_with_matching_policies_not_installed_ones() -> None:
     others = [policy(f"other-{i}", rules=[other_rule], validations=[{"expression": "true"}]) for i in range(500)]
     small = decide(matching, request(pod()))
     large = decide(matching + others, request(pod()))
-    assert small.evaluations == large.evaluations == 6
+    assert small.evaluations == large.evaluations == 3     # conditions and validations: one program each
     assert PolicySet(matching + others).candidates(request(pod())) == PolicySet(matching).candidates(request(pod()))
 
 
@@ -495,3 +507,15 @@ def test_replacing_a_policy_drops_its_old_routes() -> None:
     assert [p.name for p in after.candidates(request({}, resource="deployments", group="apps"))] == ["p"]
     assert [p.name for p in before.candidates(request(pod()))] == ["p", "q"]   # the old set is untouched
     assert after.remove("nope") is after and len(after.remove("p")) == 1
+
+
+def test_every_example_policy_with_validations_runs_as_one_program() -> None:
+    """The batch is an optimisation with a silent fallback: make sure it is really in use."""
+    from pathlib import Path
+
+    from admission_policy.cli.documents import load_policies
+
+    examples = Path(__file__).parents[2] / "examples"
+    policies = [p for p in load_policies([examples]) if p.validations]
+    assert len(policies) >= 10
+    assert [p.name for p in policies if p.validation_batch is None] == []

@@ -45,6 +45,7 @@ class CompiledPolicy:
     variables: dict[str, CompiledExpression]   # in declaration order; read-only by convention
     validations: tuple[CompiledValidation, ...]
     mutations: tuple[CompiledMutation, ...]
+    validation_batch: CompiledExpression | None = None   # see _validation_batch
 
     @property
     def name(self) -> str:
@@ -77,6 +78,7 @@ def compile_policy(policy: api.AdmissionPolicy) -> CompiledPolicy:
 
     # No errors: every build() above returned a program.
     return CompiledPolicy(
+        validation_batch=_validation_batch(policy),
         policy=policy,
         conditions=tuple((name, _ok(c)) for name, c in conditions),
         variables={name: _ok(v) for name, v in variables.items()},
@@ -106,6 +108,42 @@ def _undeclared_variables(policy: api.AdmissionPolicy) -> list[CelCompileError]:
             hint = "is declared later" if name in declared else "is not declared in spec.variables"
             errors.append(CelCompileError(expression.path, f"variables.{name} {hint}"))
     return errors
+
+
+def _validation_batch(policy: api.AdmissionPolicy) -> CompiledExpression | None:
+    """The match conditions and every validation as one program: ``false`` when a condition does
+    not hold, else a list of booleans, with the variables the validations read bound inside it
+    (``cel.bind``, in declaration order).
+
+    Every program that reads ``object`` converts it for CEL again, and every program that reads a
+    variable converts the variable's Python value again: one program per policy pays that once.
+    The engine falls back to one program per expression (exact error paths, lazy variables)
+    when this one errs, and so does a policy whose batch does not type-check (None here).
+    """
+    if not policy.validations:
+        return None
+    sources = [v.expression.source for v in policy.validations]
+    needed: set[str] = set()
+    for source in sources:
+        needed |= set(referenced_variables(source) or (v.name for v in policy.variables))
+    for variable in reversed(policy.variables):   # a variable may read earlier ones
+        if variable.name in needed:
+            needed |= set(referenced_variables(variable.expression.source) or ())
+    bound = [v for v in policy.variables if v.name in needed]
+    # Newlines before closing parentheses keep a trailing // comment from swallowing them.
+    body = "[" + ", ".join(f"({source}\n)" for source in sources) + "]"
+    for index in reversed(range(len(bound))):
+        earlier = [f"'{v.name}': variables.{v.name}" for v in bound[:index]]
+        entries = [*earlier, f"'{bound[index].name}': dyn({bound[index].expression.source}\n)"]
+        body = f"cel.bind(variables, {{{', '.join(entries)}}}, {body})"
+    if policy.match.conditions:
+        conditions = " && ".join(f"({c.expression.source}\n)" for c in policy.match.conditions)
+        body = f"({conditions}) ? dyn({body}) : false"
+    try:
+        batch = compile_expression(api.Expression(body, "spec.validations"))
+    except CelCompileError:
+        return None
+    return dataclasses.replace(batch, variables=frozenset())   # it binds its own variables
 
 
 def _ok(compiled: CompiledExpression | None) -> CompiledExpression:

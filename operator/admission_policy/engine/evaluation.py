@@ -16,7 +16,7 @@ import jsonpatch
 
 from ..api import REASON_CODES, LabelSelector
 from ..cel import CelEvaluationError, CompiledExpression, new_activation
-from .compiler import CompiledMutation, CompiledPolicy
+from .compiler import CompiledMutation, CompiledPolicy, CompiledValidation
 from .patching import PatchError, apply_operation, merge
 from .policyset import PolicySet
 from .request import AdmissionRequest
@@ -116,16 +116,20 @@ class _Run:
         return policy.policy.failure_policy == "Fail"
 
     def matches(self, policy: CompiledPolicy, scope: _Scope) -> bool:
+        return self.selected(policy) and self.conditions_hold(policy, scope)
+
+    def selected(self, policy: CompiledPolicy) -> bool:
+        """The checks that need no CEL: excluded namespaces and label selectors."""
         match = policy.policy.match
         namespace = self.request.namespace
         if namespace and namespace in match.exclude_namespaces:
             return False
         if not match.namespace_selector.is_empty and not self._namespace_matches(match.namespace_selector):
             return False
-        if not match.object_selector.is_empty and not any(
-            match.object_selector.matches(labels) for labels in self._labels()
-        ):
-            return False
+        return match.object_selector.is_empty or any(
+            match.object_selector.matches(labels) for labels in self._labels())
+
+    def conditions_hold(self, policy: CompiledPolicy, scope: _Scope) -> bool:
         for _name, condition in policy.conditions:
             try:
                 if not scope.evaluate(condition):
@@ -185,8 +189,24 @@ class _Run:
         return operation
 
     def validate(self, policy: CompiledPolicy) -> None:
+        if not self.selected(policy):
+            return
         scope = self.scope(policy)
-        if not self.matches(policy, scope):
+        if policy.validation_batch is not None:
+            try:
+                results = scope.evaluate(policy.validation_batch)
+            except CelEvaluationError:
+                results = None   # find out which expression erred, one program at a time
+            if results is False:
+                return           # a match condition does not hold
+            if isinstance(results, list) and len(results) == len(policy.validations) and all(
+                    isinstance(result, bool) for result in results):
+                self.record(policy)
+                for validation, passed in zip(policy.validations, results, strict=True):
+                    if not passed:
+                        self._failed(policy, validation, scope)
+                return
+        if not self.conditions_hold(policy, scope):
             return
         record = self.record(policy)
         for validation in policy.validations:
@@ -198,20 +218,22 @@ class _Run:
                     record.failures.append(f"{error.path}: {error.message}")
                     record.reason = record.reason or "Forbidden"
                 continue
-            record.failures.append(self._message(policy, validation.spec.message, validation.message,
-                                                 validation.check, scope))
-            record.reason = record.reason or validation.spec.reason
+            self._failed(policy, validation, scope)
 
-    def _message(self, policy: CompiledPolicy, message: str | None,
-                 expression: CompiledExpression | None, check: CompiledExpression, scope: _Scope) -> str:
-        if expression is not None:
+    def _failed(self, policy: CompiledPolicy, validation: CompiledValidation, scope: _Scope) -> None:
+        """Record a failed validation with its message (messageExpression, message, or the source)."""
+        record = self.record(policy)
+        record.reason = record.reason or validation.spec.reason
+        if validation.message is not None:
             try:
-                text = scope.evaluate(expression)
+                text = scope.evaluate(validation.message)
                 if isinstance(text, str) and text.strip():
-                    return str(text)
+                    record.failures.append(text)
+                    return
             except CelEvaluationError as error:
-                self.record(policy).errors.append(str(error))
-        return message or f"failed expression: {check.expression.source.strip()}"
+                record.errors.append(str(error))
+        record.failures.append(validation.spec.message
+                               or f"failed expression: {validation.check.expression.source.strip()}")
 
     def scope(self, policy: CompiledPolicy) -> _Scope:
         return _Scope(self, policy, {

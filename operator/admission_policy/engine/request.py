@@ -25,7 +25,7 @@ class AdmissionRequest:
     object: Any
     old_object: Any
     dry_run: bool
-    raw: Mapping[str, Any]          # the request as received: CEL's ``request`` variable
+    raw: Mapping[str, Any]          # CEL's ``request``: the request without object/oldObject
     api_version: str = "admission.k8s.io/v1"
 
     @property
@@ -79,7 +79,9 @@ def parse_review(review: Any) -> AdmissionRequest:
         object=new,
         old_object=old,
         dry_run=bool(request.get("dryRun", False)),
-        raw=request,
+        # As in Kubernetes, the objects are their own variables; leaving them out of ``request`` also
+        # spares converting them again whenever an expression reads request.operation.
+        raw={key: value for key, value in request.items() if key not in ("object", "oldObject")},
         api_version=api_version,
     )
 
