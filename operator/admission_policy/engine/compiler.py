@@ -112,8 +112,9 @@ def _undeclared_variables(policy: api.AdmissionPolicy) -> list[CelCompileError]:
 
 def _validation_batch(policy: api.AdmissionPolicy) -> CompiledExpression | None:
     """The match conditions and every validation as one program: ``false`` when a condition does
-    not hold, else a list of booleans, with the variables the validations read bound inside it
-    (``cel.bind``, in declaration order).
+    not hold, else a list of booleans. The variables the validations read are bound inside it
+    once each (``cel.bind``, in declaration order), and every expression sees the ones it reads
+    as its ``variables`` map, typed ``dyn`` as when evaluated alone.
 
     Every program that reads ``object`` converts it for CEL again, and every program that reads a
     variable converts the variable's Python value again: one program per policy pays that once.
@@ -129,13 +130,20 @@ def _validation_batch(policy: api.AdmissionPolicy) -> CompiledExpression | None:
     for variable in reversed(policy.variables):   # a variable may read earlier ones
         if variable.name in needed:
             needed |= set(referenced_variables(variable.expression.source) or ())
-    bound = [v for v in policy.variables if v.name in needed]
-    # Newlines before closing parentheses keep a trailing // comment from swallowing them.
-    body = "[" + ", ".join(f"({source}\n)" for source in sources) + "]"
-    for index in reversed(range(len(bound))):
-        earlier = [f"'{v.name}': variables.{v.name}" for v in bound[:index]]
-        entries = [*earlier, f"'{bound[index].name}': dyn({bound[index].expression.source}\n)"]
-        body = f"cel.bind(variables, {{{', '.join(entries)}}}, {body})"
+    bound = [v.name for v in policy.variables if v.name in needed]
+
+    def scoped(source: str) -> str:
+        # Newlines before closing parentheses keep a trailing // comment from swallowing them.
+        reads = referenced_variables(source)
+        names = [name for name in bound if reads is None or name in reads]
+        if not names:
+            return f"({source}\n)"
+        entries = ", ".join(f"'{name}': {_BOUND_PREFIX}{name}" for name in names)
+        return f"cel.bind(variables, {{{entries}}}, {source}\n)"
+
+    body = "[" + ", ".join(scoped(source) for source in sources) + "]"
+    for variable in reversed([v for v in policy.variables if v.name in needed]):
+        body = f"cel.bind({_BOUND_PREFIX}{variable.name}, dyn({scoped(variable.expression.source)}), {body})"
     if policy.match.conditions:
         conditions = " && ".join(f"({c.expression.source}\n)" for c in policy.match.conditions)
         body = f"({conditions}) ? dyn({body}) : false"
@@ -144,6 +152,11 @@ def _validation_batch(policy: api.AdmissionPolicy) -> CompiledExpression | None:
     except CelCompileError:
         return None
     return dataclasses.replace(batch, variables=frozenset())   # it binds its own variables
+
+
+# Names the batch binds variables to; a policy's own expressions cannot use them (they would not
+# compile on their own, which every expression must first).
+_BOUND_PREFIX = "policy_variable__"
 
 
 def _ok(compiled: CompiledExpression | None) -> CompiledExpression:

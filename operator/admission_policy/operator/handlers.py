@@ -74,7 +74,9 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _operator
     config = OperatorSettings.from_env(os.environ)
     logging.getLogger("admission_policy").setLevel(config.log_level)
-    logging.getLogger("kopf.objects").addFilter(QuietWebhookLogs(HANDLER_IDS))
+    objects_logger = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, QuietWebhookLogs) for f in objects_logger.filters):
+        objects_logger.addFilter(QuietWebhookLogs(HANDLER_IDS))
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
     settings.admission.managed = None          # we write the configurations ourselves (DESIGN §5)
@@ -256,15 +258,17 @@ async def _decide(phase: Phase, webhook: str) -> None:
 
 
 @kopf.on.validate(api.GROUP, api.VERSION, api.PLURAL, id="validate-policy", operations=["CREATE", "UPDATE"])
-async def validate_policy(body: kopf.Body, **_: Any) -> None:
+async def validate_policy(**_: Any) -> None:
     """Refuse an AdmissionPolicy whose spec or CEL is invalid, at `kubectl apply` time."""
     op = operator()
+    exchange = current_exchange()
     try:
-        load_policy(body, op.settings.default_failure_policy)
+        load_policy(exchange.request.object, op.settings.default_failure_policy)
     except (api.PolicyError, PolicyCompileError) as error:
-        name = body.get("metadata", {}).get("name", "")
-        raise kopf.AdmissionError(f"AdmissionPolicy {name!r} is invalid: {error_text(error)}", code=422) from None
-    current_exchange().decision = Decision(allowed=True)
+        message = f"AdmissionPolicy {exchange.request.name!r} is invalid: {error_text(error)}"
+        exchange.decision = Decision(allowed=False, code=422, reason="Invalid", message=message)
+        return
+    exchange.decision = Decision(allowed=True)
 
 
 async def _fetch_namespace(op: Operator, name: str) -> Mapping[str, Any] | None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp.web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -27,13 +28,25 @@ NO_POLICY = "(none)"
 
 
 def observe(decision: Decision, operation: str, webhook: str, seconds: float) -> None:
-    LATENCY.labels(webhook).observe(seconds)
+    _child(LATENCY, webhook).observe(seconds)
     if not decision.outcomes:
-        REQUESTS.labels(NO_POLICY, operation, "allowed").inc()
+        _child(REQUESTS, NO_POLICY, operation, "allowed").inc()
     for outcome in decision.outcomes:
-        REQUESTS.labels(outcome.policy, operation, outcome.result).inc()
+        _child(REQUESTS, outcome.policy, operation, outcome.result).inc()
         if outcome.errors:
-            ERRORS.labels(outcome.policy).inc(len(outcome.errors))
+            _child(ERRORS, outcome.policy).inc(len(outcome.errors))
+
+
+_children: dict[tuple[object, tuple[str, ...]], Any] = {}
+
+
+def _child(metric: Counter | Histogram, *labels: str) -> Any:
+    """``metric.labels(...)`` validates and locks on every call: a measurable share of a request."""
+    key = (metric, labels)
+    child = _children.get(key)
+    if child is None:
+        child = _children[key] = metric.labels(*labels)
+    return child
 
 
 async def serve_metrics(host: str, port: int) -> aiohttp.web.AppRunner:

@@ -3,8 +3,11 @@
 Kopf routes each request to the handler named by the path's last segment and runs it; the
 handler stores the engine's Decision in the request's ``Exchange``. The response is then built
 from that Decision by the same function the CLI's ``review`` uses, because Kopf's own response
-carries no ``auditAnnotations`` or ``status.reason``, and it would recompute the JSON Patch by
-deep-copying and diffing the object once more per request.
+carries no ``auditAnnotations`` or ``status.reason``.
+
+The handlers read the request parsed here, so Kopf is given the objects' identity only (kind
+and metadata names): it deep-copies the object for its patch and diffs old against new on every
+request, work whose result this server never uses (a third of Kopf's cost for a Pod UPDATE).
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import asyncio
 import contextvars
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
 
 import aiohttp.web
@@ -53,7 +56,8 @@ class PolicyWebhookServer(kopf.WebhookServer):
             exchange = Exchange(request)
             token = _exchange.set(exchange)
             try:
-                response: Any = await fn(data, webhook=webhook, headers=headers, sslpeer=sslpeer)
+                stubbed: Any = _identities_only(data)
+                response: Any = await fn(stubbed, webhook=webhook, headers=headers, sslpeer=sslpeer)
             finally:
                 _exchange.reset(token)
             if exchange.decision is not None:
@@ -63,6 +67,21 @@ class PolicyWebhookServer(kopf.WebhookServer):
         async for client_config in super().__call__(cast(kopf.WebhookFn, serve)):
             self.listening.set()
             yield client_config
+
+
+def _identities_only(review: Mapping[str, Any]) -> dict[str, Any]:
+    """The review with each object cut down to what Kopf routes and remembers it by."""
+    request = dict(review["request"])
+    for field in ("object", "oldObject"):
+        body = request.get(field)
+        if isinstance(body, Mapping):
+            metadata = body.get("metadata") or {}
+            request[field] = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+                              "metadata": {key: metadata[key] for key in _IDENTITY if key in metadata}}
+    return {**review, "request": request}
+
+
+_IDENTITY = ("name", "generateName", "namespace", "uid")
 
 
 class QuietWebhookLogs(logging.Filter):
