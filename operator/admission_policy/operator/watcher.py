@@ -64,16 +64,9 @@ async def _list_and_watch(
     backoff = 1.0
     while True:
         try:
-            listing = await lister(_preload_content=False)
-            data = await listing.json()
-            names = set()
-            for item in data.get("items", []):
-                names.add(item["metadata"]["name"])
-                on_event("ADDED", item)
-            on_listed(names)
+            version = await _list(lister, on_event, on_listed)
             loaded.set()
             backoff = 1.0
-            version = (data.get("metadata") or {}).get("resourceVersion")
             stream = watch.Watch()
             async with stream:
                 async for event in stream.stream(lister, resource_version=version, timeout_seconds=300,
@@ -89,3 +82,19 @@ async def _list_and_watch(
             logger.warning("Watching %s failed, retrying in %.0fs: %s", what, backoff, exc)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
+
+
+async def _list(
+    lister: Lister,
+    on_event: Callable[[str, Mapping[str, Any]], None],
+    on_listed: Callable[[set[str]], None],
+) -> str | None:
+    """Apply a full listing; returns its resourceVersion. The listing is not kept while watching."""
+    listing = await lister(_preload_content=False)
+    data = await listing.json()
+    names = set()
+    for item in data.get("items", []):
+        names.add(item["metadata"]["name"])
+        on_event("ADDED", item)
+    on_listed(names)
+    return (data.get("metadata") or {}).get("resourceVersion")
