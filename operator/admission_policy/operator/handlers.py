@@ -86,6 +86,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     # A thousand policies at startup would otherwise each get a worker at once; the peak memory of
     # that burst stays with the process (Python rarely returns it), so reconcile a few at a time.
     settings.queueing.worker_limit = RECONCILE_WORKERS
+    settings.queueing.idle_timeout = 0.5   # a settled object's worker gives its slot back quickly
     if settings.peering.name == "default":
         settings.peering.name = config.peering_name
     if settings.peering.priority == 0:
