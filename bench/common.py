@@ -30,14 +30,20 @@ def free_port() -> int:
 
 
 def pin(core: int) -> int:
-    """Pin this process to one core if the machine has it; returns the core actually used."""
-    available = sorted(os.sched_getaffinity(0))
-    chosen = core if core in available else available[-1]
-    os.sched_setaffinity(0, {chosen})
-    return chosen
+    """Pin this process to one core if the machine has it; returns the core actually used.
+
+    Not checked against our own affinity: children inherit the orchestrator's (pinned) one,
+    and the server must still move to its own core.
+    """
+    try:
+        os.sched_setaffinity(0, {core})
+    except OSError:   # no such core here (or not in our cpuset): stay where we are
+        return min(os.sched_getaffinity(0))
+    return core
 
 
 def cores() -> list[int]:
+    """The cores this machine lets us use (read before pinning anything)."""
     return sorted(os.sched_getaffinity(0))
 
 
@@ -77,6 +83,21 @@ def cpu_seconds(pid: int) -> float | None:
     fields = raw.rsplit(")", 1)[1].split()
     ticks = int(fields[11]) + int(fields[12])   # utime, stime (fields 14 and 15 of stat)
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def core_busy_seconds(core: int) -> float | None:
+    """Seconds core ``core`` spent on anything but idle/iowait so far (steal included: time the
+    host gave to others), from /proc/stat."""
+    try:
+        lines = pathlib.Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if fields[0] == f"cpu{core}":
+            ticks = [int(value) for value in fields[1:9]]   # user nice system idle iowait irq softirq steal
+            return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    return None
 
 
 def percentile(sorted_values: list[float], fraction: float) -> float:

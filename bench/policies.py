@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 import yaml
+
 from common import EXAMPLES
 
 SETS: Final = {

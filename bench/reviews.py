@@ -192,7 +192,8 @@ def _deployment(image: str, generation: int, revision: int) -> dict[str, Any]:
             "managedFields": [
                 {"manager": "kubectl-client-side-apply", "operation": "Update", "apiVersion": "apps/v1",
                  "time": CREATED, "fieldsType": "FieldsV1", "fieldsV1": {
-                     "f:metadata": {"f:annotations": {".": {}, "f:kubectl.kubernetes.io/last-applied-configuration": {}},
+                     "f:metadata": {"f:annotations": {".": {},
+                                                      "f:kubectl.kubernetes.io/last-applied-configuration": {}},
                                     "f:labels": {".": {}, "f:app": {}, "f:app.kubernetes.io/part-of": {}}},
                      "f:spec": {"f:progressDeadlineSeconds": {}, "f:replicas": {}, "f:revisionHistoryLimit": {},
                                 "f:selector": {}, "f:strategy": {"f:rollingUpdate": {".": {}, "f:maxSurge": {},
@@ -308,7 +309,8 @@ def _node(heartbeat: str) -> dict[str, Any]:
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
             "nodeInfo": {"machineID": "3c1d9a5e0f2b4c6d8e0f1a2b3c4d5e6f",
                          "systemUUID": "ec2a1b2c-3d4e-5f60-7182-93a4b5c6d7e8",
-                         "bootID": "1f2e3d4c-5b6a-7980-a1b2-c3d4e5f6a7b8", "kernelVersion": "6.1.90-99.173.amzn2023.x86_64",
+                         "bootID": "1f2e3d4c-5b6a-7980-a1b2-c3d4e5f6a7b8",
+                         "kernelVersion": "6.1.90-99.173.amzn2023.x86_64",
                          "osImage": "Amazon Linux 2023", "containerRuntimeVersion": "containerd://1.7.16",
                          "kubeletVersion": "v1.30.0", "kubeProxyVersion": "v1.30.0",
                          "operatingSystem": "linux", "architecture": "amd64"},

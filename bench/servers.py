@@ -51,6 +51,7 @@ def serve_kopf_noop(port: int, cert_dir: pathlib.Path) -> None:
     so Kopf does the same resource lookup, cause building and response building per request.
     """
     import kopf
+
     from admission_policy.operator.webhook import QuietWebhookLogs
 
     certfile, pkeyfile, cafile = cert_files(cert_dir)

@@ -1,0 +1,121 @@
+"""Figures → medians, ratios, targets, and the lines people read."""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Final
+
+PSS_REQUEST: Final = "pss-pod-create"
+DISTURBED: Final = 0.05   # a run where other processes took more of the server's core than this is flagged
+
+Runs = dict[str, dict[str, list[dict[str, Any]]]]   # scenario → request → one result per round
+
+
+def aggregate(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One request kind on one server over the rounds: medians, plus each round's throughput."""
+    def median(key: str) -> float:
+        return round(statistics.median(float(r[key]) for r in results), 3)
+    return {
+        "request": results[0]["request"], "rounds": len(results),
+        "rps": median("rps"), "p50_ms": median("p50_ms"), "p95_ms": median("p95_ms"), "p99_ms": median("p99_ms"),
+        "max_ms": max(r["max_ms"] for r in results),
+        "requests": sum(r["requests"] for r in results), "errors": sum(r["errors"] for r in results),
+        "server_cpu": median("server_cpu"), "client_cpu": median("client_cpu"),
+        "others_on_server_core": max(r["others_on_server_core"] or 0.0 for r in results),
+        "as_expected": all(r["as_expected"] for r in results),
+        "rps_by_round": [r["rps"] for r in results],
+    }
+
+
+def round_ratio(runs: Runs, scenario: str, baseline: str, request: str, baseline_request: str | None = None) -> \
+        float | None:
+    """Median over rounds of (this round's throughput / the baseline's in the same round)."""
+    mine = runs.get(scenario, {}).get(request)
+    theirs = runs.get(baseline, {}).get(baseline_request or request)
+    if not mine or not theirs:
+        return None
+    pairs = [a["rps"] / b["rps"] for a, b in zip(mine, theirs, strict=False) if b["rps"]]
+    return round(statistics.median(pairs), 3) if pairs else None
+
+
+def ratios(runs: Runs) -> dict[str, dict[str, dict[str, float | None]]]:
+    """Each result over the same request's on (b) Kopf no-op and on (a) bare aiohttp."""
+    return {name: {request: {"vs_kopf_noop": round_ratio(runs, name, "kopf-noop", request),
+                             "vs_bare": round_ratio(runs, name, "bare", request)}
+                   for request in per_request}
+            for name, per_request in runs.items()}
+
+
+def targets(scenarios: dict[str, Any], table: dict[str, Any], runs: Runs, elapsed: float) -> dict[str, bool]:
+    open_loop = scenarios["pss"]["runs"]["open-loop"]
+    many_vs_none = round_ratio(runs, "pss+generated", "pss", PSS_REQUEST)
+    vs_noop = table["pss"][PSS_REQUEST]["vs_kopf_noop"]
+    return {
+        "pss_throughput_ge_0.75x_kopf_noop": vs_noop is not None and vs_noop >= 0.75,
+        "pss_p99_le_15ms_at_1000rps_open_loop":
+            open_loop["p99_ms"] <= 15.0 and open_loop["errors"] == 0 and open_loop["dropped"] == 0,
+        "generated_1000_throughput_ge_0.9x_none": many_vs_none is not None and many_vs_none >= 0.9,
+        "generated_1000_peak_rss_le_150mb": 0 < scenarios["pss+generated"]["peak_rss_mb"] <= 150.0,
+        "total_runtime_lt_10min": elapsed < 600.0,
+    }
+
+
+def all_as_expected(scenarios: dict[str, Any]) -> bool:
+    return all(all(s["checks"].values()) and all(r.get("as_expected", True) for r in s["runs"].values())
+               for s in scenarios.values())
+
+
+def disturbed(scenarios: dict[str, Any]) -> list[str]:
+    return [f"{name}/{request}" for name, scenario in scenarios.items()
+            for request, result in scenario["runs"].items()
+            if (result.get("others_on_server_core") or 0) > DISTURBED]
+
+
+# --- printing ----------------------------------------------------------------------------------
+
+def print_run(name: str, result: dict[str, Any]) -> None:
+    extra = f" (offered {result['offered_rps']:.0f}/s, dropped {result['dropped']})" if "offered_rps" in result else ""
+    flag = "" if result.get("as_expected", True) else "  UNEXPECTED ANSWERS"
+    if (result.get("others_on_server_core") or 0) > DISTURBED:
+        flag += f"  DISTURBED ({result['others_on_server_core']:.0%} of the server core went to other processes)"
+    print(f"   {name:<34} {result['rps']:>8.1f} req/s  p50 {result['p50_ms']:>7.2f}  p95 {result['p95_ms']:>7.2f}"
+          f"  p99 {result['p99_ms']:>7.2f} ms  errors {result['errors']}  cpu server {result['server_cpu']}"
+          f" client {result['client_cpu']}{extra}{flag}", flush=True)
+
+
+def print_summary(scenarios: dict[str, Any], table: dict[str, Any], met: dict[str, bool],
+                  quick_generated: int | None) -> None:
+    print("\n== medians over the rounds; throughput as a ratio to (b) Kopf no-op and (a) bare, same request")
+    for name, scenario in scenarios.items():
+        for request, result in scenario["runs"].items():
+            if request == "open-loop":
+                continue
+            ratio = table[name][request]
+            print(f"   {name:<14} {request:<20} {result['rps']:>8.1f} req/s  p50 {result['p50_ms']:>6.2f}"
+                  f"  p99 {result['p99_ms']:>6.2f} ms   x(b) {_fmt(ratio['vs_kopf_noop'])}"
+                  f"  x(a) {_fmt(ratio['vs_bare'])}")
+    print("   peak RSS (MB): " + ", ".join(f"{name} {s['peak_rss_mb']}" for name, s in scenarios.items()))
+    note = f" (quick run: {quick_generated} generated policies stand in for 1,000)" if quick_generated else ""
+    print(f"\n== targets{note}")
+    for name, ok in met.items():
+        print(f"   {'MET   ' if ok else 'MISSED'} {name}")
+
+
+def print_engine(engine: dict[str, Any]) -> None:
+    for name in ("pss", "pss_denied", "mutation"):
+        part = engine[name]
+        print(f"   {name:<11} evaluate {part['evaluate_us']:>7.1f} = activations {part['activation_build_us']:>6.1f}"
+              f" ({part['activations']}) + CEL {part['cel_evaluation_us']:>7.1f} ({part['cel_programs']} programs)"
+              f" + patch {part['patch_computation_us']:>6.1f} + other {part['engine_other_us']:>6.1f};"
+              f" json {part['json_decode_us']:.1f}, parse {part['parse_review_us']:.1f},"
+              f" response {part['build_response_us']:.1f}", flush=True)
+    scale = engine["scale"]
+    print(f"   {scale['generated']} generated policies: compile {scale['compile_ms_per_policy']} ms each,"
+          f" {scale['rss_mb_per_100_policies']} MB per 100; candidates() {scale['candidates_us_pss_only']} ->"
+          f" {scale['candidates_us_with_generated']} us; evaluate {scale['evaluate_us_pss_only']} ->"
+          f" {scale['evaluate_us_with_generated']} us", flush=True)
+    print("   RSS of the imports alone (MB): " + ", ".join(f"{k} {v}" for k, v in engine["import_rss_mb"].items()),
+          flush=True)
+
+
+def _fmt(value: float | None) -> str:
+    return "  n/a" if value is None else f"{value:5.2f}"
