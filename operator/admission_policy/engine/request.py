@@ -28,17 +28,6 @@ class AdmissionRequest:
     raw: Mapping[str, Any]          # CEL's ``request``: the request without object/oldObject
     api_version: str = "admission.k8s.io/v1"
 
-    @property
-    def labels(self) -> tuple[Mapping[str, str], ...]:
-        """The labels of the new and the old object: a selector matches if either does."""
-        found = []
-        for body in (self.object, self.old_object):
-            if isinstance(body, Mapping):
-                labels = (body.get("metadata") or {}).get("labels") or {}
-                if isinstance(labels, Mapping):
-                    found.append(labels)
-        return tuple(found) or ({},)
-
 
 def parse_review(review: Any) -> AdmissionRequest:
     """Check and unpack an AdmissionReview (v1 or v1beta1) as the API server sends it."""
