@@ -16,7 +16,7 @@ import jsonpatch
 
 from ..api import REASON_CODES, LabelSelector
 from ..cel import CelEvaluationError, CompiledExpression, new_activation
-from .compiler import CompiledMutation, CompiledPolicy, CompiledValidation
+from .compiler import CompiledMutation, CompiledPatchOperation, CompiledPolicy, CompiledValidation
 from .patching import PatchError, apply_operation, merge
 from .policyset import PolicySet
 from .request import AdmissionRequest
@@ -171,21 +171,20 @@ class _Run:
             result = merge(result, _clone(mutation.spec.merge), if_absent=if_absent)
         else:
             # Values are computed against the object as it was before this mutation.
-            operations = [self._operation(op.spec.op, op.spec.path, op.spec.from_,
-                                          op.spec.value, op.value, scope)
-                          for op in mutation.operations]
+            operations = [self._operation(op, scope) for op in mutation.operations]
             for operation in operations:
                 apply_operation(result, operation)
         return None if result == self.object else result
 
     @staticmethod
-    def _operation(op: str, path: str, from_: str | None, value: Any,
-                   expression: CompiledExpression | None, scope: _Scope) -> dict[str, Any]:
-        operation: dict[str, Any] = {"op": op, "path": path}
-        if from_ is not None:
-            operation["from"] = from_
-        if op in ("add", "replace", "test"):
-            operation["value"] = scope.evaluate(expression) if expression is not None else _clone(value)
+    def _operation(compiled: CompiledPatchOperation, scope: _Scope) -> dict[str, Any]:
+        """The RFC 6902 operation, its value computed now when it is an expression."""
+        spec = compiled.spec
+        operation: dict[str, Any] = {"op": spec.op, "path": spec.path}
+        if spec.from_ is not None:
+            operation["from"] = spec.from_
+        if spec.has_value:
+            operation["value"] = scope.evaluate(compiled.value) if compiled.value is not None else _clone(spec.value)
         return operation
 
     def validate(self, policy: CompiledPolicy) -> None:

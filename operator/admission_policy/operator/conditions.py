@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 Phase = Literal["Pending", "Active", "Degraded", "Failed", "Terminating"]
@@ -94,8 +94,3 @@ def _condition(previous: Mapping[str, Any] | None, condition: Condition, generat
         "lastTransitionTime": since or now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "observedGeneration": generation,
     }
-
-
-def describe(errors: Sequence[str]) -> str:
-    """Several problems in one condition message, readable in ``kubectl describe``."""
-    return "; ".join(errors)

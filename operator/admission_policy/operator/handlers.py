@@ -175,10 +175,10 @@ async def recheck_degraded(body: kopf.Body, name: str, meta: kopf.Meta, status: 
 
 async def observe(op: Operator, body: Mapping[str, Any], name: str, generation: int) -> conditions.Observation:
     """Compile this generation, check what it names against discovery, wait until it is routed."""
+    # The watcher has usually compiled this generation already: share it.
+    compiled = op.store.policies.get(name) if op.store.generations.get(name) == generation else None
     try:
-        # The watcher has usually compiled this generation already: share it.
-        compiled = (op.store.policies.get(name) if op.store.generations.get(name) == generation else None
-                    ) or load_policy(body, op.settings.default_failure_policy)
+        compiled = compiled or load_policy(body, op.settings.default_failure_policy)
     except (api.PolicyError, PolicyCompileError) as error:
         kept = op.store.generations.get(name)
         note = f" (generation {kept} stays enforced)" if kept is not None else " (not enforced)"
@@ -195,7 +195,7 @@ async def observe(op: Operator, body: Mapping[str, Any], name: str, generation: 
     if unserved:
         return conditions.Observation(compiled_ok, conditions.Condition(
             conditions.REGISTERED, "False", "UnservedResources",
-            f"not served by this cluster, so never checked: {conditions.describe(unserved)}; install the API or "
+            f"not served by this cluster, so never checked: {'; '.join(unserved)}; install the API or "
             "fix spec.match.resources (the rest of the policy is enforced)"))
     return conditions.Observation(compiled_ok, conditions.Condition(
         conditions.REGISTERED, "True", "Registered",
@@ -255,7 +255,7 @@ async def _decide(phase: Phase, webhook: str) -> None:
     request = exchange.request
     namespace = None
     if request.namespace:
-        namespace = op.store.namespace(request.namespace) or await _fetch_namespace(op, request.namespace)
+        namespace = op.store.namespaces.get(request.namespace) or await _fetch_namespace(op, request.namespace)
     started = time.perf_counter()
     decision = evaluate(op.store.policies, request, namespace, phase)
     metrics.observe(decision, request.operation, webhook, time.perf_counter() - started)

@@ -98,9 +98,6 @@ class PolicyStore:
         for name in set(self.generations) - names:
             self.forget(name)
 
-    def namespace(self, name: str) -> Mapping[str, Any] | None:
-        return self.namespaces.get(name)
-
     async def mark_registered(self, generations: Mapping[str, int]) -> None:
         """The configurations now route exactly these policies (at these generations)."""
         async with self._registration:
