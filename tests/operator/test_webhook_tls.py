@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import gc
 import json
 import logging
 import pathlib
@@ -196,6 +197,26 @@ async def test_no_per_request_log_lines_at_info(serving: Any, caplog: pytest.Log
                 await webhook.review("/validate", pod_request(name, labels={"team": "a"}))
         noisy = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO and "Webhook" in r.getMessage()]
         assert noisy == []
+
+
+async def test_updates_of_many_objects_leave_nothing_behind(serving: Any) -> None:
+    # Kopf keeps a memory per object uid for every UPDATE it admits and forgets it only when a
+    # watch it runs sees the object deleted: for pods that would grow without bound.
+    from kopf._core.reactor.inventory import ResourceMemory
+
+    def memories() -> int:
+        return sum(isinstance(o, ResourceMemory) for o in gc.get_objects())
+
+    async with serving() as webhook:
+        before = memories()
+        for index in range(60):
+            request = pod_request(f"web-{index}", labels={"team": "a"})
+            request.update(operation="UPDATE", oldObject=copy.deepcopy(request["object"]),
+                           options={"apiVersion": "meta.k8s.io/v1", "kind": "UpdateOptions"})
+            for body in (request["object"], request["oldObject"]):
+                body["metadata"]["uid"] = f"7e570000-0000-4000-8000-{index:012d}"
+            assert (await webhook.review("/validate", request))["allowed"] is True
+        assert memories() - before <= 1
 
 
 DENIED = 'admission_policy_requests_total{decision="denied",operation="CREATE",policy="deny-offensive-pod-names"}'

@@ -433,6 +433,49 @@ def test_validations_see_the_mutated_object_in_phase_all() -> None:
     assert mutate_only.allowed and mutate_only.patch
 
 
+def test_later_policies_see_the_object_as_mutated_so_far() -> None:
+    # "a" reads the object before mutating it, so a binding of the unmutated object exists by then.
+    a = policy("a", match={"conditions": [{"name": "web", "expression": "object.metadata.name == 'web'"}]},
+               mutations=[{"merge": {"metadata": {"labels": {"team": "x"}}}}])
+    b = policy("b", validations=[{"expression": "object.metadata.?labels.?team.orValue('') == 'x'"}],
+               mutations=[{"jsonPatch": [{"op": "add", "path": "/metadata/labels/seen",
+                                          "valueExpression": "object.metadata.labels.team"}]}])
+    decision = decide([b, a], request(pod("web")))
+    assert decision.allowed, decision.message
+    assert decision.patched_object["metadata"]["labels"] == {"team": "x", "seen": "x"}
+
+
+MANAGED_FIELDS = [{"manager": "kubectl", "operation": "Update", "fieldsType": "FieldsV1",
+                   "fieldsV1": {"f:metadata": {"f:labels": {}}}}]
+
+
+def managed_pod() -> dict[str, Any]:
+    body = pod(labels={"app": "web"})
+    body["metadata"]["managedFields"] = MANAGED_FIELDS
+    return body
+
+
+def test_managed_fields_are_bound_only_for_policies_that_name_them() -> None:
+    # Iterating over metadata's keys would find them, if they were there.
+    unaware = policy("unaware", validations=[
+        {"expression": "object.metadata.all(k, k in ['name', 'namespace', 'labels'])"},
+        {"expression": "oldObject.metadata.all(k, k in ['name', 'namespace', 'labels'])"}])
+    aware = policy("aware", validations=[
+        {"expression": "object.metadata.managedFields.all(f, f.manager == 'kubectl')"},
+        {"expression": "oldObject.metadata.managedFields[0].manager == 'kubectl'"}])
+    decision = decide([unaware, aware], request(managed_pod(), operation="UPDATE", old=managed_pod()))
+    assert decision.allowed, decision.message
+
+
+def test_mutations_keep_managed_fields() -> None:
+    p = policy(mutations=[{"jsonPatch": [{"op": "replace", "path": "/metadata/labels/app",
+                                          "valueExpression": "object.metadata.labels.app + '-v2'"}]}])
+    original = managed_pod()
+    decision = decide([p], request(original))
+    assert decision.patch == ({"op": "replace", "path": "/metadata/labels/app", "value": "web-v2"},)
+    assert decision.patched_object["metadata"]["managedFields"] == MANAGED_FIELDS
+
+
 def test_mutation_that_changes_nothing_produces_no_patch() -> None:
     p = policy(mutations=[{"merge": {"metadata": {"labels": {"a": "b"}}}, "mergeMode": "IfAbsent"}])
     decision = decide([p], request(pod(labels={"a": "already"})))

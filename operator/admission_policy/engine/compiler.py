@@ -46,6 +46,7 @@ class CompiledPolicy:
     validations: tuple[CompiledValidation, ...]
     mutations: tuple[CompiledMutation, ...]
     validation_batch: CompiledExpression | None = None   # see _validation_batch
+    reads_managed_fields: bool = False   # see evaluation._bound
 
     @property
     def name(self) -> str:
@@ -79,6 +80,7 @@ def compile_policy(policy: api.AdmissionPolicy) -> CompiledPolicy:
     # No errors: every build() above returned a program.
     return CompiledPolicy(
         validation_batch=_validation_batch(policy),
+        reads_managed_fields=any("managedFields" in e.source for e in policy.expressions()),
         policy=policy,
         conditions=tuple((name, _ok(c)) for name, c in conditions),
         variables={name: _ok(v) for name, v in variables.items()},
@@ -116,8 +118,8 @@ def _validation_batch(policy: api.AdmissionPolicy) -> CompiledExpression | None:
     once each (``cel.bind``, in declaration order), and every expression sees the ones it reads
     as its ``variables`` map, typed ``dyn`` as when evaluated alone.
 
-    Every program that reads ``object`` converts it for CEL again, and every program that reads a
-    variable converts the variable's Python value again: one program per policy pays that once.
+    A variable computed by its own program comes back as a Python value, which every program that
+    reads it converts for CEL again; inside one program it is computed and converted once.
     The engine falls back to one program per expression (exact error paths, lazy variables)
     when this one errs, and so does a policy whose batch does not type-check (None here).
     """

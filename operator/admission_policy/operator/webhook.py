@@ -6,7 +6,7 @@ from that Decision by the same function the CLI's ``review`` uses, because Kopf'
 carries no ``auditAnnotations`` or ``status.reason``.
 
 The handlers read the request parsed here, so Kopf is given the objects' identity only (kind
-and metadata names): it deep-copies the object for its patch and diffs old against new on every
+and names, see ``_IDENTITY``): it deep-copies the object for its patch and diffs old against new on every
 request, work whose result this server never uses (a third of Kopf's cost for a Pod UPDATE).
 """
 from __future__ import annotations
@@ -81,7 +81,10 @@ def _identities_only(review: Mapping[str, Any]) -> dict[str, Any]:
     return {**review, "request": request}
 
 
-_IDENTITY = ("name", "generateName", "namespace", "uid")
+# No uid: Kopf keeps a memory per uid for each UPDATE/DELETE it admits, forgotten only when one
+# of its own watches sees the object deleted, and it watches nothing but AdmissionPolicies. With
+# the uid, every pod ever updated would stay in the operator's memory for good.
+_IDENTITY = ("name", "generateName", "namespace")
 
 
 class QuietWebhookLogs(logging.Filter):
