@@ -12,12 +12,16 @@ per request, not in how much they log.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import pathlib
+import re
 import ssl
+import sys
+import tomllib
 from typing import Any
 
-from common import HOST, SERVER_CORE, pin
+from common import HOST, REPO, SERVER_CORE, pin
 
 LOG_FORMAT = "[%(asctime)s] %(name)-28s [%(levelname)-7s] %(message)s"   # the operator CLI's
 
@@ -77,7 +81,24 @@ def serve_operator() -> None:
     main(["run", "--standalone"])
 
 
+def hide_test_only_packages() -> None:
+    """Import what the image has: the packages of the project's ``test`` extra are installed in this
+    venv for the tests, and some dependencies import them when they can (Kopf imports pykube,
+    kubernetes_asyncio imports kubernetes_validate). Hidden, they raise ImportError as in the image."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    runtime = {_distribution(r) for r in project["dependencies"]}
+    test_only = {_distribution(r) for r in project["optional-dependencies"]["test"]} - runtime
+    for module, distributions in importlib.metadata.packages_distributions().items():
+        if {_distribution(d) for d in distributions} <= test_only and module not in sys.modules:
+            sys.modules[module] = None  # type: ignore[assignment]
+
+
+def _distribution(requirement: str) -> str:
+    return re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
 def main() -> None:
+    hide_test_only_packages()
     parser = argparse.ArgumentParser()
     parser.add_argument("kind", choices=("bare", "kopf-noop", "operator"))
     parser.add_argument("--port", type=int, default=0)

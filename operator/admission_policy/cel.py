@@ -6,12 +6,14 @@ budget) as exceptions; both become ``CelEvaluationError`` here, so nothing escap
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 import re
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 from cel_expr_python import cel
-from cel_expr_python.ext import ext_bindings, ext_encoders, ext_math, ext_optional, ext_strings
+from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 
 from . import quantity
 from .api import Expression
@@ -89,35 +91,53 @@ def _kubernetes_library() -> cel.CelExtension:
     ])
 
 
-def _new_environment(*extra: cel.CelExtensionBase) -> cel.Env:
-    return cel.NewEnv(
-        variables={name: cel.Type.DYN for name in VARIABLES},
-        extensions=[ext_strings.ExtStrings(), ext_optional.ExtOptional(), ext_encoders.ExtEncoders(),
-                    ext_bindings.ExtBindings(), ext_math.ExtMath(), *extra],
-    )
+# Environments from the lightest to the fullest, each created when an expression first needs it.
+# Every extension is a native module of its own (ext_math and ext_encoders: ~5 MB of RSS between
+# them), and the Python-backed Kubernetes functions make every evaluation of a program about twice
+# as slow. An expression compiles in the first one that has what it uses; activations work with
+# programs of any of them.
+_TIERS: Final = 3
 
 
-# Python-backed functions make every evaluation of a program about twice as slow, so a program
-# is compiled without them unless it needs them. Activations work with programs of either.
-_FAST: Final = _new_environment()
-_ENVIRONMENT: Final = _new_environment(_kubernetes_library())
+@functools.cache
+def _environment(tier: int) -> cel.Env:
+    extensions: list[cel.CelExtensionBase] = [ext_strings.ExtStrings(), ext_optional.ExtOptional(),
+                                              ext_bindings.ExtBindings()]
+    if tier >= 1:
+        encoders = importlib.import_module("cel_expr_python.ext.ext_encoders")
+        math = importlib.import_module("cel_expr_python.ext.ext_math")
+        extensions += [encoders.ExtEncoders(), math.ExtMath()]
+    if tier >= 2:
+        extensions.append(_kubernetes_library())
+    return cel.NewEnv(variables={name: cel.Type.DYN for name in VARIABLES}, extensions=extensions)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(eq=False)
 class CompiledExpression:
-    """A type-checked program, plus the policy variables it reads (evaluated lazily)."""
+    """A type-checked program, plus the policy variables it reads (evaluated lazily).
+
+    ``program`` is a cache: an expression the request path rarely runs (a message, or one that a
+    policy's single program also covers) is released after type-checking and rebuilt on first
+    use. A program takes a few kB, and a thousand policies would otherwise hold each twice.
+    """
     expression: Expression
-    program: Any
+    program: Any | None
     kind: ResultKind
     variables: frozenset[str] | None  # None: reads the whole ``variables`` map
+    tier: int = 0                     # the environment it compiles in
 
     @property
     def path(self) -> str:
         return self.expression.path
 
+    def release(self) -> None:
+        self.program = None
+
     def evaluate(self, activation: Any) -> Any:
         """The plain Python result, or CelEvaluationError; never another exception."""
         try:
+            if self.program is None:
+                self.program = _environment(self.tier).compile(self.expression.source)
             result = self.program.eval(activation)
         except RuntimeError as exc:
             raise CelEvaluationError(self.path, _clean(str(exc))) from None
@@ -141,19 +161,19 @@ _EXPECTED_TYPES: Final[Mapping[ResultKind, tuple[cel.Type, ...]]] = {
 
 def compile_expression(expression: Expression, kind: ResultKind = "any") -> CompiledExpression:
     """Parse and type-check once; errors name the field path and the column."""
-    try:
-        program = _FAST.compile(expression.source)
-    except RuntimeError:
+    for tier in range(_TIERS):
         try:
-            program = _ENVIRONMENT.compile(expression.source)
+            program = _environment(tier).compile(expression.source)
+            break
         except RuntimeError as exc:
-            line, column, message = _locate(str(exc))
-            raise CelCompileError(expression.path, message, line, column) from None
+            if tier == _TIERS - 1:   # the fullest environment's message says what is wrong
+                line, column, message = _locate(str(exc))
+                raise CelCompileError(expression.path, message, line, column) from None
     if kind in _EXPECTED_TYPES:
         returned = program.return_type()
         if not any(returned == allowed for allowed in _EXPECTED_TYPES[kind]):
             raise CelCompileError(expression.path, f"must evaluate to a {kind}, but its type is {returned}")
-    return CompiledExpression(expression, program, kind, referenced_variables(expression.source))
+    return CompiledExpression(expression, program, kind, referenced_variables(expression.source), tier)
 
 
 def referenced_variables(source: str) -> frozenset[str] | None:
@@ -165,7 +185,7 @@ def referenced_variables(source: str) -> frozenset[str] | None:
 
 def new_activation(data: Mapping[str, Any]) -> Any:
     """Bindings for one evaluation state; cheap, the values are wrapped rather than copied."""
-    return _FAST.Activation(data)
+    return _environment(0).Activation(data)
 
 
 def _locate(error: str) -> tuple[int | None, int | None, str]:

@@ -78,7 +78,7 @@ def compile_policy(policy: api.AdmissionPolicy) -> CompiledPolicy:
         raise PolicyCompileError(policy.name, errors)
 
     # No errors: every build() above returned a program.
-    return CompiledPolicy(
+    compiled = CompiledPolicy(
         validation_batch=_validation_batch(policy),
         reads_managed_fields=any("managedFields" in e.source for e in policy.expressions()),
         policy=policy,
@@ -91,6 +91,20 @@ def compile_policy(policy: api.AdmissionPolicy) -> CompiledPolicy:
             for spec, condition, ops in mutations
         ),
     )
+    _release_cold_programs(compiled)
+    return compiled
+
+
+def _release_cold_programs(policy: CompiledPolicy) -> None:
+    """Let go of the programs a request runs only after a failure or an error: messages, and what
+    the validation batch covers (mutations read conditions and variables one program at a time)."""
+    cold = [validation.message for validation in policy.validations if validation.message is not None]
+    if policy.validation_batch is not None:
+        cold += [validation.check for validation in policy.validations]
+        if not policy.mutations:
+            cold += [condition for _, condition in policy.conditions] + list(policy.variables.values())
+    for expression in cold:
+        expression.release()
 
 
 def _undeclared_variables(policy: api.AdmissionPolicy) -> list[CelCompileError]:
