@@ -5,9 +5,10 @@
     python bench/servers.py operator                          # the operator, configured by AP_* vars
 
 All three log like the operator's CLI does in production (``logging.basicConfig`` at INFO) and
-silence the same per-request lines the operator silences (aiohttp's access log and Kopf's
-"Webhook 'validate' succeeded"), so the baselines differ from the operator only in what runs
-per request, not in how much they log.
+silence the same per-request lines the same way the operator does (aiohttp's access log; Kopf's
+"kopf.objects" below WARNING, where "Webhook 'validate' succeeded" goes), so the baselines differ
+from the operator only in what runs per request, not in how much they log. Packages installed for
+the tests only are hidden from all three, as they are absent from the image.
 """
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ def serve_kopf_noop(port: int, cert_dir: pathlib.Path) -> None:
         settings.admission.server = kopf.WebhookServer(addr=HOST, port=port, certfile=certfile, pkeyfile=pkeyfile,
                                                        cafile=cafile, file_check_interval=10.0)
         logging.getLogger("kopf.objects").addFilter(QuietWebhookLogs(("validate",)))
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
     @kopf.on.validate(kopf.EVERYTHING, id="validate", subresource="*")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import pathlib
 import ssl
 from typing import Any
@@ -54,6 +55,19 @@ async def test_create_adds_finalizer_and_reaches_active_with_conditions(
         assert condition["status"] == "True"
         assert condition["observedGeneration"] == body["metadata"]["generation"]
         assert condition["reason"] and condition["message"] and condition["lastTransitionTime"]
+
+
+async def test_the_log_names_the_policy_in_each_transition_and_kopf_lines_stay_below_info(
+        emulator: Emulator, run_operator: Any, env: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO):
+        async with operator_running(run_operator):
+            await emulator.create(ADMISSION_POLICIES, policy_body("deny-bad", validations=DENY_BAD))
+            await wait_phase(emulator, "deny-bad", "Active")
+    lines = [(r.name, r.levelno, r.getMessage()) for r in caplog.records]
+    assert ("admission_policy.operator.handlers", logging.INFO,
+            "AdmissionPolicy deny-bad: (new) → Active: the policy is enforced for every resource it matches") in lines
+    # Kopf's "Handler 'reconcile' succeeded." (and one line per admission request) are DEBUG.
+    assert not [line for line in lines if line[0] == "kopf.objects" and line[1] == logging.INFO]
 
 
 async def test_invalid_cel_goes_failed_with_the_compiler_message(
