@@ -245,5 +245,7 @@ async def test_probes_and_metrics(serving: Any) -> None:
         async with session.get(metrics_url) as response:
             after = await response.text()
     assert metric(after, DENIED) == metric(before, DENIED) + 1
-    assert 'admission_policy_evaluation_seconds_count{webhook="validate"}' in after
+    count, infinity = ('admission_policy_evaluation_seconds_count{webhook="validate"}',
+                       'admission_policy_evaluation_seconds_bucket{le="+Inf",webhook="validate"}')
+    assert metric(after, count) == metric(before, count) + 1 == metric(after, infinity)
     assert metric(after, "admission_policy_policies_loaded") >= 4
