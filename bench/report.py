@@ -87,7 +87,7 @@ def print_summary(scenarios: dict[str, Any], table: dict[str, Any], met: dict[st
     print("\n== medians over the rounds; throughput as a ratio to (b) Kopf no-op and (a) bare, same request")
     for name, scenario in scenarios.items():
         for request, result in scenario["runs"].items():
-            if request == "open-loop":
+            if request.startswith("open-loop"):
                 continue
             ratio = table[name][request]
             print(f"   {name:<14} {request:<20} {result['rps']:>8.1f} req/s  p50 {result['p50_ms']:>6.2f}"

@@ -45,6 +45,7 @@ class Plan:
     open_warmup: float        # open loop: seconds at the offered rate before measuring
     open_duration: float      # open loop: seconds measured
     open_rate: float          # open loop: requests/s offered
+    open_lower_rates: tuple[float, ...]   # open loop, for the figures only: where the latency knee is
     concurrency: int          # closed loop: requests in flight (keep-alive connections)
     generated: int            # non-matching policies installed in the "many policies" scenario
     micro_seconds: float      # engine micro-bench: timing per measured function
@@ -52,9 +53,11 @@ class Plan:
 
 
 FULL = Plan(quick=False, rounds=4, warmup=1.0, duration=3.0, open_warmup=2.0, open_duration=8.0,
-            open_rate=1000.0, concurrency=16, generated=1000, micro_seconds=1.0, load_timeout=300.0)
+            open_rate=1000.0, open_lower_rates=(800.0, 900.0), concurrency=16, generated=1000,
+            micro_seconds=1.0, load_timeout=300.0)
 QUICK = Plan(quick=True, rounds=1, warmup=0.5, duration=1.0, open_warmup=0.5, open_duration=2.0,
-             open_rate=1000.0, concurrency=16, generated=100, micro_seconds=0.15, load_timeout=120.0)
+             open_rate=1000.0, open_lower_rates=(900.0,), concurrency=16, generated=100,
+             micro_seconds=0.15, load_timeout=120.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,14 +173,15 @@ def describe(scenario: Scenario, plan: Plan) -> str:
 
 # --- measuring ---------------------------------------------------------------------------------
 
-def load(server: Server, request: str, plan: Plan, *, open_loop: bool = False) -> dict[str, Any]:
-    """One load-generator run against ``server``; the sample answer is checked, then dropped."""
+def load(server: Server, request: str, plan: Plan, *, open_rate: float | None = None) -> dict[str, Any]:
+    """One load-generator run against ``server`` (open loop at ``open_rate``, if given); the sample
+    answer is checked, then dropped."""
     args = ["--url", f"https://127.0.0.1:{server.port}", "--ca", server.cafile, "--request", request,
             "--server-pid", str(server.child.pid), "--concurrency", str(plan.concurrency)]
     if server.scenario.path:
         args += ["--path", server.scenario.path]
-    if open_loop:
-        args += ["--mode", "open", "--rate", str(plan.open_rate), "--warmup", str(plan.open_warmup),
+    if open_rate is not None:
+        args += ["--mode", "open", "--rate", str(open_rate), "--warmup", str(plan.open_warmup),
                  "--duration", str(plan.open_duration)]
         timeout = plan.open_warmup + plan.open_duration + 60
     else:
@@ -211,13 +215,17 @@ def measure(servers: dict[str, Server], plan: Plan) -> dict[str, dict[str, list[
     return runs
 
 
-def measure_open_loop(servers: dict[str, Server], plan: Plan) -> dict[str, dict[str, Any]]:
-    print(f"\n== open loop: {plan.open_rate:.0f} {PSS_REQUEST}/s for {plan.open_duration:.0f} s", flush=True)
-    results = {}
-    for name, server in servers.items():
-        if server.scenario.open_loop:
-            results[name] = load(server, PSS_REQUEST, plan, open_loop=True)
-            report.print_run(name, results[name])
+def measure_open_loop(servers: dict[str, Server], plan: Plan) -> dict[str, dict[str, dict[str, Any]]]:
+    """``open-loop`` at the target's rate, then ``open-loop-<rate>`` at the lower rates (figures only)."""
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    for rate in (plan.open_rate, *plan.open_lower_rates):
+        key = "open-loop" if rate == plan.open_rate else f"open-loop-{rate:.0f}"
+        print(f"\n== open loop: {rate:.0f} {PSS_REQUEST}/s for {plan.open_duration:.0f} s", flush=True)
+        for name, server in servers.items():
+            if not server.scenario.open_loop or (rate != plan.open_rate and server.scenario.server == "bare"):
+                continue
+            results.setdefault(name, {})[key] = load(server, PSS_REQUEST, plan, open_rate=rate)
+            report.print_run(name, results[name][key])
     return results
 
 
@@ -286,8 +294,8 @@ def run_all(plan: Plan, workdir: pathlib.Path, info: dict[str, Any], started: fl
     scenarios = {name: {**server.info, "runs": {request: report.aggregate(results)
                                                  for request, results in closed[name].items()}}
                  for name, server in servers.items()}
-    for name, result in open_loop.items():
-        scenarios[name]["runs"]["open-loop"] = result
+    for name, runs in open_loop.items():
+        scenarios[name]["runs"].update(runs)
     table = report.ratios(closed)
     met = report.targets(scenarios, table, closed, time.monotonic() - started)
     report.print_summary(scenarios, table, met, plan.generated if plan.quick else None)
