@@ -105,9 +105,14 @@ async def closed_loop(client: Client, concurrency: int, warmup: float, duration:
     return tally, duration
 
 
-async def open_loop(client: Client, rate: float, warmup: float, duration: float,
+async def open_loop(client: Client, rate: float, warmup: float, duration: float, connections: int,
                     on_window: Callable[[bool], None]) -> tuple[Tally, float]:
-    """Requests at fixed times ``i / rate``; latency from the scheduled time (no coordinated omission)."""
+    """Requests at fixed times ``i / rate``; latency from the scheduled time (no coordinated omission).
+
+    Every connection is opened first, as an API server keeps its connections to a webhook: a
+    connection opened on demand mid-run puts a TLS handshake (a millisecond or more of the
+    server's CPU) in the schedule, and a stall then snowballs into ever more handshakes."""
+    await asyncio.gather(*(client.send(None, time.perf_counter()) for _ in range(connections)))
     tally = Tally()
     in_flight: set[asyncio.Task[None]] = set()
     total = int(rate * (warmup + duration))
@@ -158,7 +163,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.mode == "closed":
             tally, _ = await closed_loop(client, args.concurrency, args.warmup, args.duration, on_window)
         else:
-            tally, _ = await open_loop(client, args.rate, args.warmup, args.duration, on_window)
+            tally, _ = await open_loop(client, args.rate, args.warmup, args.duration, connections, on_window)
     return summarise(args, tally, marks)
 
 

@@ -8,6 +8,7 @@ import pathlib
 import ssl
 from typing import Any
 
+import kmock
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -29,6 +30,8 @@ from operator_env import (
     policy_body,
     wait_phase,
 )
+
+from admission_policy.operator import watcher
 
 FINALIZER = "policy-operator.dev/finalizer"
 DENY_BAD = [{"expression": "object.metadata.name != 'bad'", "message": "bad name"}]
@@ -68,6 +71,27 @@ async def test_the_log_names_the_policy_in_each_transition_and_kopf_lines_stay_b
             "AdmissionPolicy deny-bad: (new) → Active: the policy is enforced for every resource it matches") in lines
     # Kopf's "Handler 'reconcile' succeeded." (and one line per admission request) are DEBUG.
     assert not [line for line in lines if line[0] == "kopf.objects" and line[1] == logging.INFO]
+
+
+async def test_a_watch_that_times_out_is_resumed_without_listing_again(
+        emulator: Emulator, run_operator: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watcher, "WATCH_SECONDS", 1)
+    policies = kmock.resource(ADMISSION_POLICIES)
+
+    def requests(action: Any) -> int:
+        return sum(r.action == action and r.resource == policies for r in emulator.kmock)
+
+    async with operator_running(run_operator):
+        await emulator.create(ADMISSION_POLICIES, policy_body("deny-bad", validations=DENY_BAD))
+        await wait_phase(emulator, "deny-bad", "Active")
+        lists = requests(kmock.action.LIST)   # Kopf's and the operator's own
+        await wait_for(lambda: requests(kmock.action.WATCH) >= 4, timeout=10)
+        await emulator.patch(ADMISSION_POLICIES, "deny-bad", {"spec": {"validations": [
+            {"expression": "object.metadata.name != 'worse'"}]}})
+        # Active at generation 2 once this replica's own watcher has loaded it (and routed it).
+        await wait_for(lambda: (emulator.peek(ADMISSION_POLICIES, "deny-bad") or {}).get("status", {}).get(
+            "observedGeneration") == 2 and phase(emulator, "deny-bad") == "Active")
+        assert requests(kmock.action.LIST) == lists
 
 
 async def test_invalid_cel_goes_failed_with_the_compiler_message(

@@ -53,6 +53,9 @@ async def watch_namespaces(api_client: client.ApiClient, store: PolicyStore) -> 
     await _list_and_watch("Namespaces", core.list_namespace, on_event, on_listed, store.namespaces_loaded)
 
 
+WATCH_SECONDS = 300   # each watch request's timeoutSeconds; the next one resumes where it ended
+
+
 async def _list_and_watch(
     what: str,
     lister: Lister,
@@ -60,25 +63,32 @@ async def _list_and_watch(
     on_listed: Callable[[set[str]], None],
     loaded: asyncio.Event,
 ) -> None:
-    """List, then watch from the list's resourceVersion; relist after any interruption."""
+    """List, then watch from the last resourceVersion seen, as client-go's reflector does: a watch
+    that times out is resumed, and only an error (410 Gone: too old) or a failure lists again.
+    A relist of a thousand policies every few minutes would cost every replica a burst of memory."""
     backoff = 1.0
+    version: str | None = None
     while True:
         try:
-            version = await _list(lister, on_event, on_listed)
-            loaded.set()
-            backoff = 1.0
+            if version is None:
+                version = await _list(lister, on_event, on_listed)
+                loaded.set()
             stream = watch.Watch()
             async with stream:
-                async for event in stream.stream(lister, resource_version=version, timeout_seconds=300,
-                                                 allow_watch_bookmarks=False):
+                async for event in stream.stream(lister, resource_version=version, timeout_seconds=WATCH_SECONDS,
+                                                 allow_watch_bookmarks=True):
                     kind, body = event.get("type"), event.get("raw_object")
                     if kind == "ERROR" or not isinstance(body, Mapping) or "metadata" not in body:
-                        break  # e.g. 410 Gone: relist
+                        version = None
+                        break
                     if kind in ("ADDED", "MODIFIED", "DELETED"):
                         on_event(str(kind), body)
+                    version = body["metadata"].get("resourceVersion") or version
+                    backoff = 1.0
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            version = None
             logger.warning("Watching %s failed, retrying in %.0fs: %s", what, backoff, exc)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
