@@ -1,6 +1,6 @@
 """Webhook benchmarks: the operator's real HTTPS server against two baselines, plus the engine alone.
 
-    python bench/run.py            # everything, about 6 minutes on 2 cores
+    python bench/run.py            # everything, about 6.5 minutes on 2 cores
     python bench/run.py --quick    # the same steps, shorter and with 100 generated policies
 
 Every server of the run is started first (each with its own emulated cluster, kmock through
