@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import re
 from collections.abc import Mapping
 from typing import Any, Final, Literal
@@ -104,9 +103,8 @@ def _environment(tier: int) -> cel.Env:
     extensions: list[cel.CelExtensionBase] = [ext_strings.ExtStrings(), ext_optional.ExtOptional(),
                                               ext_bindings.ExtBindings()]
     if tier >= 1:
-        encoders = importlib.import_module("cel_expr_python.ext.ext_encoders")
-        math = importlib.import_module("cel_expr_python.ext.ext_math")
-        extensions += [encoders.ExtEncoders(), math.ExtMath()]
+        from cel_expr_python.ext import ext_encoders, ext_math
+        extensions += [ext_encoders.ExtEncoders(), ext_math.ExtMath()]
     if tier >= 2:
         extensions.append(_kubernetes_library())
     return cel.NewEnv(variables={name: cel.Type.DYN for name in VARIABLES}, extensions=extensions)

@@ -6,8 +6,9 @@ from that Decision by the same function the CLI's ``review`` uses, because Kopf'
 carries no ``auditAnnotations`` or ``status.reason``.
 
 The handlers read the request parsed here, so Kopf is given the objects' identity only (kind
-and names, see ``_IDENTITY``): it deep-copies the object for its patch and diffs old against new on every
-request, work whose result this server never uses (a third of Kopf's cost for a Pod UPDATE).
+and names, see ``_IDENTITY``): it deep-copies the object for its patch and diffs old against new
+on every request, work whose result this server never uses (a third of Kopf's cost for a Pod
+UPDATE).
 """
 from __future__ import annotations
 
