@@ -69,8 +69,9 @@ async def _list_and_watch(
     backoff = 1.0
     version: str | None = None
     while True:
+        listed = version is None
         try:
-            if version is None:
+            if listed:
                 version = await _list(lister, on_event, on_listed)
                 loaded.set()
             stream = watch.Watch()
@@ -89,6 +90,8 @@ async def _list_and_watch(
             raise
         except Exception as exc:
             version = None
+            if isinstance(exc, client.ApiException) and exc.status == 410 and not listed:
+                continue   # Gone (an ERROR event, raised by the client): too old to resume; list now
             logger.warning("Watching %s failed, retrying in %.0fs: %s", what, backoff, exc)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
