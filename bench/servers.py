@@ -57,8 +57,6 @@ def serve_kopf_noop(port: int, cert_dir: pathlib.Path) -> None:
     """
     import kopf
 
-    from admission_policy.operator.webhook import QuietWebhookLogs
-
     certfile, pkeyfile, cafile = cert_files(cert_dir)
 
     @kopf.on.startup()
@@ -66,7 +64,6 @@ def serve_kopf_noop(port: int, cert_dir: pathlib.Path) -> None:
         settings.admission.managed = None
         settings.admission.server = kopf.WebhookServer(addr=HOST, port=port, certfile=certfile, pkeyfile=pkeyfile,
                                                        cafile=cafile, file_check_interval=10.0)
-        logging.getLogger("kopf.objects").addFilter(QuietWebhookLogs(("validate",)))
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 

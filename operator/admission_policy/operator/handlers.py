@@ -28,12 +28,11 @@ from . import certificates, conditions, events, metrics, registration, watcher
 from .kube import Discovery, new_api_client
 from .settings import OperatorSettings
 from .store import FINALIZER, PolicyStore, error_text, load_policy
-from .webhook import PolicyWebhookServer, QuietWebhookLogs, current_exchange
+from .webhook import PolicyWebhookServer, current_exchange
 from .webhookconfig import unserved_resources
 
 logger = logging.getLogger(__name__)
 
-HANDLER_IDS = ("validate", "mutate", "validate-policy")
 REGISTRATION_TIMEOUT = 20.0      # how long reconciliation waits for the configurations to be written
 CERT_CHECK_INTERVAL = 3600.0
 RECONCILE_WORKERS = 20
@@ -76,14 +75,11 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _operator
     config = OperatorSettings.from_env(os.environ)
     logging.getLogger("admission_policy").setLevel(config.log_level)
-    objects_logger = logging.getLogger("kopf.objects")
-    if not any(isinstance(f, QuietWebhookLogs) for f in objects_logger.filters):
-        objects_logger.addFilter(QuietWebhookLogs(HANDLER_IDS))
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    # Kopf logs every admission request at INFO on "kopf.objects", and building the record costs a
-    # request more than the filter that drops it saves. The operator logs (and posts as Events) what
-    # matters about a policy itself, so Kopf's per-object lines start at WARNING unless debugging.
-    objects_logger.setLevel(logging.DEBUG if config.log_level == "DEBUG" else logging.WARNING)
+    # Kopf logs every admission request at INFO on "kopf.objects" ("Webhook 'validate' succeeded").
+    # The operator logs (and posts as Events) what matters about a policy itself, so Kopf's
+    # per-object lines start at WARNING unless debugging: a handler that fails still shows.
+    logging.getLogger("kopf.objects").setLevel(logging.DEBUG if config.log_level == "DEBUG" else logging.WARNING)
     logging.logProcesses = logging.logThreads = logging.logMultiprocessing = False   # cheaper records
 
     settings.admission.managed = None          # we write the configurations ourselves (DESIGN §5)

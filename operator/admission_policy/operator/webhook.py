@@ -86,16 +86,3 @@ def _identities_only(review: Mapping[str, Any]) -> dict[str, Any]:
 # of its own watches sees the object deleted, and it watches nothing but AdmissionPolicies. With
 # the uid, every pod ever updated would stay in the operator's memory for good.
 _IDENTITY = ("name", "generateName", "namespace")
-
-
-class QuietWebhookLogs(logging.Filter):
-    """Per-request lines ("Webhook 'validate' succeeded.") are DEBUG here, not INFO/ERROR."""
-
-    def __init__(self, ids: tuple[str, ...]) -> None:
-        super().__init__()
-        self.prefixes = tuple(f"Webhook {id!r}" for id in ids)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, str) and record.msg.startswith(self.prefixes):
-            return logging.getLogger("kopf.objects").isEnabledFor(logging.DEBUG)
-        return True
