@@ -65,9 +65,6 @@ class AdmissionStats:
             errors.add_metric([policy], count)
         return iter((requests, latency, errors))
 
-    def describe(self) -> Iterator[Metric]:
-        return self.collect()
-
 
 STATS = AdmissionStats()
 REGISTRY.register(STATS)
