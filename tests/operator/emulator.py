@@ -17,8 +17,9 @@ Kopf relies on and kmock lacks (see /work/shared/KOPF-NOTES.md, "Testing without
   a no-op patch changes nothing and emits no event (as in Kubernetes);
 * PUT (replace) with the ``resourceVersion`` precondition (409 on a stale one);
 * list answers carry the current ``resourceVersion``; a watch with ``resourceVersion=N``
-  replays only the events after N (kmock replays every object as ADDED and ignores it);
-  watches honour ``timeoutSeconds``;
+  replays only the events after N (kmock replays every object as ADDED and ignores it), or
+  an ERROR event with 410 Gone when N is older than a ``compact()``; watches honour
+  ``timeoutSeconds``;
 * discovery: the resources are declared by hand (builtins from kmock's bundled K3s list),
   the project's CRD from ``crds/admissionpolicy.yaml``, and the CRD object is stored too;
 * Namespace objects: kmock parses ``/api/v1/namespaces/X`` as "in namespace X" and cannot
@@ -181,6 +182,12 @@ class ShimmedEmulator(kmock.KubernetesEmulator):
     _log: dict[kmock.resource, list[dict[str, Any]]] = attrs.field(
         factory=lambda: collections.defaultdict(list), init=False)
     _created: dict[int, tuple[kmock.resource, str | None, str]] = attrs.field(factory=dict, init=False)
+    _compacted: dict[kmock.resource, int] = attrs.field(factory=dict, init=False)
+
+    def compact(self, resource: kmock.resource) -> None:
+        """Forget the history so far, as etcd compaction does: a watch from an older
+        ``resourceVersion`` gets an ERROR event with a 410 Gone status (``Expired``)."""
+        self._compacted[resource] = self._rv
 
     def next_rv(self) -> str:
         self._rv += 1
@@ -404,6 +411,13 @@ class ShimmedEmulator(kmock.KubernetesEmulator):
         since_str = request.params.get('resourceVersion') or ''
         since = int(since_str) if since_str.isdigit() and since_str != '0' else None
         timeout = request.params.get('timeoutSeconds')
+
+        if since is not None and since < self._compacted.get(resource, 0):
+            yield b''
+            yield {'type': 'ERROR', 'object': {
+                'kind': 'Status', 'apiVersion': 'v1', 'metadata': {}, 'status': 'Failure', 'code': 410,
+                'reason': 'Expired', 'message': f'too old resource version: {since} ({self.current_rv})'}}
+            return
 
         bus = self._buses[resource]
         async with self._lock:  # writers emit under this lock: the snapshot and the mark agree
@@ -668,6 +682,10 @@ class Emulator:
             raise EmulatorAPIError(status, body)
         result: dict[str, Any] = body
         return result
+
+    def compact(self, resource: str) -> None:
+        """Watches resuming from before now get 410 Gone (see ``ShimmedEmulator.compact``)."""
+        self.kmock.compact(kmock.resource(resource))
 
     def peek(self, resource: str, name: str, *, namespace: str | None = None) -> dict[str, Any] | None:
         """The stored object without HTTP (a deep copy), or ``None`` if absent/deleted."""

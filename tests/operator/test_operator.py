@@ -94,6 +94,31 @@ async def test_a_watch_that_times_out_is_resumed_without_listing_again(
         assert requests(kmock.action.LIST) == lists
 
 
+async def test_a_watch_too_old_to_resume_lists_again_at_once(
+        emulator: Emulator, run_operator: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(watcher, "WATCH_SECONDS", 1)
+    policies = kmock.resource(ADMISSION_POLICIES)
+
+    def lists() -> int:
+        return sum(r.action == kmock.action.LIST and r.resource == policies for r in emulator.kmock)
+
+    async with operator_running(run_operator):
+        await emulator.create(ADMISSION_POLICIES, policy_body("first", validations=DENY_BAD))
+        await wait_phase(emulator, "first", "Active")
+        before = lists()
+        # Something else is written, then history is compacted: resuming from the policies' last
+        # resourceVersion is now 410 Gone.
+        await emulator.create(SECRETS, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bump"}},
+                              namespace=NAMESPACE)
+        emulator.compact(ADMISSION_POLICIES)
+        await wait_for(lambda: lists() == before + 1, timeout=10)
+        await emulator.create(ADMISSION_POLICIES, policy_body("second", validations=DENY_BAD))
+        await wait_phase(emulator, "second", "Active")
+        assert lists() == before + 1
+    assert not [r for r in caplog.records if "Watching AdmissionPolicies failed" in r.getMessage()]
+
+
 async def test_invalid_cel_goes_failed_with_the_compiler_message(
         emulator: Emulator, run_operator: Any, env: dict[str, str]) -> None:
     broken = [{"expression": "object.metadata.name.startsWith(", "message": "m"}]
