@@ -645,13 +645,7 @@ class Emulator:
 
     async def get(self, resource: str, name: str, *, namespace: str | None = None) -> dict[str, Any] | None:
         """The object, or ``None`` if it does not exist."""
-        status, body = await self.request('GET', self.path(resource, name, namespace=namespace))
-        if status == 404:
-            return None
-        if status >= 400:
-            raise EmulatorAPIError(status, body)
-        result: dict[str, Any] = body
-        return result
+        return await self._call_or_none('GET', self.path(resource, name, namespace=namespace))
 
     async def list(self, resource: str, *, namespace: str | None = None) -> builtins.list[dict[str, Any]]:
         body = await self._call('GET', self.path(resource, namespace=namespace))
@@ -675,7 +669,11 @@ class Emulator:
 
     async def delete(self, resource: str, name: str, *, namespace: str | None = None) -> dict[str, Any] | None:
         """Request deletion; returns the last state (with deletionTimestamp if finalizers block it)."""
-        status, body = await self.request('DELETE', self.path(resource, name, namespace=namespace))
+        return await self._call_or_none('DELETE', self.path(resource, name, namespace=namespace))
+
+    async def _call_or_none(self, method: str, path: str) -> dict[str, Any] | None:
+        """Like ``_call``, but ``None`` for a 404."""
+        status, body = await self.request(method, path)
         if status == 404:
             return None
         if status >= 400:

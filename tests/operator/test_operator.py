@@ -73,35 +73,35 @@ async def test_the_log_names_the_policy_in_each_transition_and_kopf_lines_stay_b
     assert not [line for line in lines if line[0] == "kopf.objects" and line[1] == logging.INFO]
 
 
+def policy_requests(emulator: Emulator, action: Any) -> int:
+    """How many requests of this kind (list, watch, …) for AdmissionPolicies the emulator got."""
+    policies = kmock.resource(ADMISSION_POLICIES)
+    return sum(r.action == action and r.resource == policies for r in emulator.kmock)
+
+
 async def test_a_watch_that_times_out_is_resumed_without_listing_again(
         emulator: Emulator, run_operator: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(watcher, "WATCH_SECONDS", 1)
-    policies = kmock.resource(ADMISSION_POLICIES)
-
-    def requests(action: Any) -> int:
-        return sum(r.action == action and r.resource == policies for r in emulator.kmock)
-
     async with operator_running(run_operator):
         await emulator.create(ADMISSION_POLICIES, policy_body("deny-bad", validations=DENY_BAD))
         await wait_phase(emulator, "deny-bad", "Active")
-        lists = requests(kmock.action.LIST)   # Kopf's and the operator's own
-        await wait_for(lambda: requests(kmock.action.WATCH) >= 4, timeout=10)
+        lists = policy_requests(emulator, kmock.action.LIST)   # Kopf's and the operator's own
+        await wait_for(lambda: policy_requests(emulator, kmock.action.WATCH) >= 4, timeout=10)
         await emulator.patch(ADMISSION_POLICIES, "deny-bad", {"spec": {"validations": [
             {"expression": "object.metadata.name != 'worse'"}]}})
         # Active at generation 2 once this replica's own watcher has loaded it (and routed it).
         await wait_for(lambda: (emulator.peek(ADMISSION_POLICIES, "deny-bad") or {}).get("status", {}).get(
             "observedGeneration") == 2 and phase(emulator, "deny-bad") == "Active")
-        assert requests(kmock.action.LIST) == lists
+        assert policy_requests(emulator, kmock.action.LIST) == lists
 
 
 async def test_a_watch_too_old_to_resume_lists_again_at_once(
         emulator: Emulator, run_operator: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(watcher, "WATCH_SECONDS", 1)
-    policies = kmock.resource(ADMISSION_POLICIES)
 
     def lists() -> int:
-        return sum(r.action == kmock.action.LIST and r.resource == policies for r in emulator.kmock)
+        return policy_requests(emulator, kmock.action.LIST)
 
     async with operator_running(run_operator):
         await emulator.create(ADMISSION_POLICIES, policy_body("first", validations=DENY_BAD))

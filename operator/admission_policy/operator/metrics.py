@@ -68,10 +68,7 @@ class AdmissionStats:
 
 STATS = AdmissionStats()
 REGISTRY.register(STATS)
-
-
-def observe(decision: Decision, operation: str, webhook: str, seconds: float) -> None:
-    STATS.observe(decision, operation, webhook, seconds)
+observe = STATS.observe
 
 
 async def serve_metrics(host: str, port: int) -> aiohttp.web.AppRunner:
