@@ -12,8 +12,8 @@ The split uses only public functions, without editing product code:
    build), and building them and running the same programs on them (minus the former: CEL
    evaluation, including the conversion of the bound values on first read);
 4. the rest of ``evaluate()`` is the engine's own work (matching, scopes, the Decision); for
-   mutations, ``jsonpatch.make_patch`` between the original and the mutated object (the patch
-   the response carries) is timed separately, as is ``build_response``.
+   mutations, ``patching.diff`` between the original and the mutated object (the patch the
+   response carries) is timed separately, as is ``build_response``.
 
 Also: compile time, memory and per-request lookup cost with many non-matching policies, and
 the memory a fresh interpreter takes for the imports alone.
@@ -30,8 +30,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import jsonpatch
-
 import policies
 import reviews
 from admission_policy import api, cel
@@ -45,6 +43,7 @@ from admission_policy.engine import (
     parse_review,
 )
 from admission_policy.engine import evaluation as evaluation_module
+from admission_policy.engine.patching import diff
 from common import SERVER_CORE, emit, pin, rss_mb
 
 NAMESPACE = {"apiVersion": "v1", "kind": "Namespace",
@@ -153,7 +152,7 @@ def breakdown(policy_set: PolicySet, review: dict[str, Any], phase: Phase, secon
     result["cel_evaluation_us"] -= result["activation_build_us"]
     if decision.patch:
         patched = decision.patched_object
-        result["patch_computation_us"] = per_call_us(lambda: jsonpatch.make_patch(request.object, patched), seconds)
+        result["patch_computation_us"] = per_call_us(lambda: diff(request.object, patched), seconds)
     else:
         result["patch_computation_us"] = 0.0   # validations only: no patch is computed
     result["engine_other_us"] = (result["evaluate_us"] - result["activation_build_us"]

@@ -483,6 +483,15 @@ def test_mutation_that_changes_nothing_produces_no_patch() -> None:
     assert decision.outcomes[0].mutated is False
 
 
+def test_a_mutation_to_true_where_1_was_is_a_change() -> None:
+    # Python takes 1 == True; JSON, the API server and the patch do not.
+    p = policy(mutations=[{"merge": {"spec": {"flag": True}}}])
+    original = pod(containers=[{"name": "c", "image": "nginx"}], flag=1)
+    decision = decide([p], request(original))
+    assert decision.patch == ({"op": "replace", "path": "/spec/flag", "value": True},)
+    assert decision.outcomes[0].mutated is True
+
+
 def test_mutation_condition_skips() -> None:
     p = policy(mutations=[{"condition": "object.metadata.name == 'special'",
                            "merge": {"metadata": {"labels": {"special": "yes"}}}}])

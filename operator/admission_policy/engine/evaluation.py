@@ -12,12 +12,10 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import jsonpatch
-
 from ..api import REASON_CODES, LabelSelector
 from ..cel import CelEvaluationError, CompiledExpression, new_activation
 from .compiler import CompiledMutation, CompiledPatchOperation, CompiledPolicy, CompiledValidation
-from .patching import PatchError, apply_operation, merge
+from .patching import PatchError, apply_operation, diff, json_equal, merge
 from .policyset import PolicySet
 from .request import AdmissionRequest
 
@@ -169,7 +167,7 @@ class _Run:
         """The object after this mutation, or None when it does not apply or changes nothing."""
         if mutation.condition is not None and not scope.evaluate(mutation.condition):
             return None
-        result = _clone(self.object)
+        result = self.object
         if mutation.spec.merge is not None:
             if_absent = mutation.spec.merge_mode == "IfAbsent"
             result = merge(result, _clone(mutation.spec.merge), if_absent=if_absent)
@@ -177,8 +175,8 @@ class _Run:
             # Values are computed against the object as it was before this mutation.
             operations = [self._operation(op, scope) for op in mutation.operations]
             for operation in operations:
-                apply_operation(result, operation)
-        return None if result == self.object else result
+                result = apply_operation(result, operation)
+        return None if json_equal(result, self.object) else result
 
     @staticmethod
     def _operation(compiled: CompiledPatchOperation, scope: _Scope) -> dict[str, Any]:
@@ -295,7 +293,7 @@ class _Run:
                                           record.mutated, denied))
         patch: tuple[Mapping[str, Any], ...] = ()
         if self.object is not self.request.object and not denials:
-            patch = tuple(jsonpatch.make_patch(self.request.object, self.object).patch)
+            patch = tuple(diff(self.request.object, self.object))
         if denials:
             return Decision(allowed=False, code=REASON_CODES[reason], reason=reason,
                             message="\n".join(denials), warnings=tuple(warnings), audit_annotations=audit,

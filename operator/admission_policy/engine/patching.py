@@ -1,8 +1,13 @@
-"""Apply one mutation's patch to a working object (in place)."""
+"""Mutations as copy-on-write edits of an object, and the patch between two states of it.
+
+An edit copies only the objects and arrays on the path it changes; everything else stays shared
+with the object it started from, which is never changed. That is what makes a mutation cheap on
+a large object, and what lets ``diff`` skip, by identity, every part no mutation touched.
+"""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 import jsonpatch
@@ -13,17 +18,48 @@ class PatchError(ValueError):
     pass
 
 
-def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> None:
-    """RFC 6902, except that ``add`` creates missing parents ("/spec/tolerations/-" on a pod
-    without tolerations creates the list), which is what a policy author means."""
-    if operation["op"] == "add":
-        _create_parents(document, operation["path"])
+def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> dict[str, Any]:
+    """The document with one RFC 6902 operation applied (``document`` itself is left as it was),
+    except that ``add`` creates missing parents ("/spec/tolerations/-" on a pod without
+    tolerations creates the list), which is what a policy author means."""
+    op, path = operation["op"], operation["path"]
     try:
-        jsonpatch.apply_patch(document, [dict(operation)], in_place=True)
+        result = _detached(document, path)
+        if op == "move":
+            result = _detached(result, operation.get("from", ""), copy_root=False)
+    except jsonpointer.JsonPointerException as exc:
+        raise PatchError(f"{op} {path}: {exc}") from None
+    if op == "add":
+        _create_parents(result, path)
+    try:
+        jsonpatch.apply_patch(result, [dict(operation)], in_place=True)
     except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
-        raise PatchError(f"{operation['op']} {operation['path']}: {exc}") from None
+        raise PatchError(f"{op} {path}: {exc}") from None
     except (TypeError, KeyError, IndexError) as exc:
-        raise PatchError(f"{operation['op']} {operation['path']}: cannot apply ({exc})") from None
+        raise PatchError(f"{op} {path}: cannot apply ({exc})") from None
+    return result
+
+
+def _detached(document: dict[str, Any], pointer: str, *, copy_root: bool = True) -> dict[str, Any]:
+    """``document`` with its root and every container on the way to ``pointer``'s parent copied
+    (shallowly), so an in-place edit there changes nothing the original shares."""
+    root = dict(document) if copy_root else document
+    node: Any = root
+    for token in jsonpointer.JsonPointer(pointer).parts[:-1]:
+        if isinstance(node, MutableMapping) and isinstance(node.get(token), (dict, list)):
+            node[token] = _copy(node[token])
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node) \
+                and isinstance(node[int(token)], (dict, list)):
+            node[int(token)] = _copy(node[int(token)])
+            node = node[int(token)]
+        else:
+            break   # the rest of the path is missing: created fresh, or reported by jsonpatch
+    return root
+
+
+def _copy(container: dict[str, Any] | list[Any]) -> dict[str, Any] | list[Any]:
+    return dict(container) if isinstance(container, dict) else list(container)
 
 
 def _create_parents(document: dict[str, Any], path: str) -> None:
@@ -44,20 +80,83 @@ def _create_parents(document: dict[str, Any], path: str) -> None:
 
 
 def merge(target: Any, patch: Any, *, if_absent: bool) -> Any:
-    """RFC 7386 merge patch; with ``if_absent`` only fields the target lacks are set."""
+    """RFC 7386 merge patch; with ``if_absent`` only fields the target lacks are set. Returns the
+    merged value; ``target`` is left as it was, and the result shares what the patch leaves alone."""
     if not isinstance(patch, Mapping):
         return target if if_absent and target is not None else patch
     if not isinstance(target, dict):
         if if_absent and target is not None:
             return target
         target = {}
+    merged = dict(target)
     for key, value in patch.items():
         if value is None:
             if not if_absent:
-                target.pop(key, None)
-        elif key in target:
+                merged.pop(key, None)
+        elif key in merged:
             if isinstance(value, Mapping) or not if_absent:
-                target[key] = merge(target[key], value, if_absent=if_absent)
+                merged[key] = merge(merged[key], value, if_absent=if_absent)
         else:
-            target[key] = merge(None, value, if_absent=if_absent)
-    return target
+            merged[key] = merge(None, value, if_absent=if_absent)
+    return merged
+
+
+def diff(old: Any, new: Any) -> list[dict[str, Any]]:
+    """The RFC 6902 patch from ``old`` to ``new``.
+
+    jsonpatch's own diff serialises every member it compares; a copy-on-write mutation leaves
+    all but the path it changed the very same objects, so here those are skipped by identity.
+    Objects are compared key by key; arrays item by item once their common ends are set aside,
+    so an item added or removed anywhere is one operation (a reordering is several).
+    """
+    return list(_diff(old, new, ""))
+
+
+def _diff(old: Any, new: Any, path: str) -> Iterator[dict[str, Any]]:
+    if old is new:
+        return
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in old:
+            if key not in new:
+                yield {"op": "remove", "path": f"{path}/{jsonpointer.escape(key)}"}
+        for key, value in new.items():
+            where = f"{path}/{jsonpointer.escape(key)}"
+            if key in old:
+                yield from _diff(old[key], value, where)
+            else:
+                yield {"op": "add", "path": where, "value": value}
+    elif isinstance(old, list) and isinstance(new, list):
+        yield from _diff_lists(old, new, path)
+    elif not json_equal(old, new):
+        yield {"op": "replace", "path": path, "value": new}
+
+
+def _diff_lists(old: list[Any], new: list[Any], path: str) -> Iterator[dict[str, Any]]:
+    shorter = min(len(old), len(new))
+    start = 0
+    while start < shorter and json_equal(old[start], new[start]):
+        start += 1
+    end = 0
+    while end < shorter - start and json_equal(old[-1 - end], new[-1 - end]):
+        end += 1
+    old, new = old[start:len(old) - end], new[start:len(new) - end]
+    paired = min(len(old), len(new))
+    for index in range(paired):
+        yield from _diff(old[index], new[index], f"{path}/{start + index}")
+    for index in range(paired, len(new)):
+        yield {"op": "add", "path": f"{path}/{start + index}", "value": new[index]}
+    for index in reversed(range(paired, len(old))):
+        yield {"op": "remove", "path": f"{path}/{start + index}"}
+
+
+def json_equal(a: Any, b: Any) -> bool:
+    """Equal as JSON values (Python's == takes true for 1)."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(json_equal(value, b[key]) for key, value in a.items())
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(json_equal, a, b))
+    return bool(a == b)
