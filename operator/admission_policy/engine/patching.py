@@ -7,7 +7,7 @@ a large object, and what lets ``diff`` skip, by identity, every part no mutation
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jsonpatch
@@ -24,13 +24,11 @@ def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> d
     tolerations creates the list), which is what a policy author means."""
     op, path = operation["op"], operation["path"]
     try:
-        result = _detached(document, path)
+        result = _detached(document, path, create_parents=op == "add")
         if op == "move":
             result = _detached(result, operation.get("from", ""), copy_root=False)
     except jsonpointer.JsonPointerException as exc:
         raise PatchError(f"{op} {path}: {exc}") from None
-    if op == "add":
-        _create_parents(result, path)
     try:
         jsonpatch.apply_patch(result, [dict(operation)], in_place=True)
     except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
@@ -40,43 +38,29 @@ def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> d
     return result
 
 
-def _detached(document: dict[str, Any], pointer: str, *, copy_root: bool = True) -> dict[str, Any]:
+def _detached(document: dict[str, Any], pointer: str, *, copy_root: bool = True,
+              create_parents: bool = False) -> dict[str, Any]:
     """``document`` with its root and every container on the way to ``pointer``'s parent copied
-    (shallowly), so an in-place edit there changes nothing the original shares."""
+    (shallowly), so that an in-place edit there changes nothing the original shares; missing
+    parents are created when asked. Where the way cannot go on, jsonpatch reports the path."""
     root = dict(document) if copy_root else document
     node: Any = root
-    for token in jsonpointer.JsonPointer(pointer).parts[:-1]:
-        if isinstance(node, MutableMapping) and isinstance(node.get(token), (dict, list)):
-            node[token] = _copy(node[token])
-            node = node[token]
+    for token, following in itertools.pairwise(jsonpointer.JsonPointer(pointer).parts):
+        if isinstance(node, dict) and isinstance(node.get(token), (dict, list)):
+            child = node[token] = _copy(node[token])
+        elif isinstance(node, dict) and node.get(token) is None and create_parents:
+            child = node[token] = [] if following == "-" or following.isdigit() else {}
         elif isinstance(node, list) and token.isdigit() and int(token) < len(node) \
                 and isinstance(node[int(token)], (dict, list)):
-            node[int(token)] = _copy(node[int(token)])
-            node = node[int(token)]
+            child = node[int(token)] = _copy(node[int(token)])
         else:
-            break   # the rest of the path is missing: created fresh, or reported by jsonpatch
+            break
+        node = child
     return root
 
 
 def _copy(container: dict[str, Any] | list[Any]) -> dict[str, Any] | list[Any]:
     return dict(container) if isinstance(container, dict) else list(container)
-
-
-def _create_parents(document: dict[str, Any], path: str) -> None:
-    try:
-        tokens = jsonpointer.JsonPointer(path).parts
-    except jsonpointer.JsonPointerException as exc:
-        raise PatchError(f"add {path}: {exc}") from None
-    node: Any = document
-    for token, following in itertools.pairwise(tokens):
-        if isinstance(node, MutableMapping):
-            if node.get(token) is None:
-                node[token] = [] if following == "-" or following.isdigit() else {}
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return  # let jsonpatch report the path error
 
 
 def merge(target: Any, patch: Any, *, if_absent: bool) -> Any:
