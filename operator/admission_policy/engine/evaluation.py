@@ -186,7 +186,8 @@ class _Run:
         if spec.from_ is not None:
             operation["from"] = spec.from_
         if spec.has_value:
-            operation["value"] = scope.evaluate(compiled.value) if compiled.value is not None else _clone(spec.value)
+            # The policy's own value as is: jsonpatch inserts a deep copy of what it is given.
+            operation["value"] = scope.evaluate(compiled.value) if compiled.value is not None else spec.value
         return operation
 
     def validate(self, policy: CompiledPolicy) -> None:
