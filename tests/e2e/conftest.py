@@ -1,16 +1,22 @@
-"""Fixtures for the e2e tests against a real cluster (skipped unless ``KUBECONFIG`` and ``E2E=1``).
+"""Fixtures for the e2e tests against a real API server.
+
+The cluster: a control plane started from ``$KUBEBUILDER_ASSETS`` (etcd, kube-apiserver,
+kube-controller-manager on loopback; ``.ci/run`` sets it, so every CI run has one), or an external
+one named by ``KUBECONFIG`` with ``E2E=1``. With neither, the tests skip with one line saying how
+to enable them, except under ``CI=true``, where they fail: CI must never pass without them.
 
 Session: the CRD applied (Established), the operator running as a ``kopf run`` subprocess that
 advertises ``https://$E2E_ADVERTISE_HOST:PORT`` to the API server, ready and reachable. The
 teardown ALWAYS runs — also when the setup fails half-way — and removes whatever could block
 the cluster, in this order: the e2e's policies (while the operator still runs: their finalizer
 needs it), the operator, both webhook configurations by name, any policy left (finalizer
-forced off), the e2e's namespaces.
+forced off), the e2e's namespaces; a started control plane is stopped last.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import pathlib
 from collections.abc import Callable, Generator, Iterator, Mapping
 
@@ -19,8 +25,10 @@ import pytest
 from e2e_kube import (
     MANAGED_BY,
     OWNED_LABEL,
+    SETUP_HINT,
     AdmissionPolicy,
     Cluster,
+    ClusterSource,
     E2ESettings,
     OperatorProcess,
     Policies,
@@ -28,14 +36,42 @@ from e2e_kube import (
     eventually,
     unique,
 )
+from envtest import ControlPlane, ControlPlaneError
 
 E2E_DIR = pathlib.Path(__file__).resolve().parent
 OPERATOR_KEY = pytest.StashKey[OperatorProcess]()
 
 
 @pytest.fixture(scope="session")
-def e2e_settings() -> E2ESettings:
-    return E2ESettings.from_env()
+def control_plane() -> Iterator[ControlPlane | None]:
+    """The envtest control plane this session started, or None for an external cluster."""
+    source = ClusterSource.from_env()
+    if source is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI=true but the e2e suite has no API server: {SETUP_HINT}", pytrace=False)
+        pytest.skip(f"e2e needs a real API server: {SETUP_HINT}")
+    if source.assets is None:
+        yield None
+        return
+    try:
+        plane = ControlPlane(source.assets)
+        plane.start()
+    except ControlPlaneError as exc:
+        pytest.fail(f"cannot start the envtest control plane from KUBEBUILDER_ASSETS={source.assets}: {exc}",
+                    pytrace=False)
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def e2e_settings(control_plane: ControlPlane | None) -> E2ESettings:
+    if control_plane is not None:
+        return E2ESettings.from_env(control_plane.kubeconfig, kubectl=str(control_plane.kubectl))
+    source = ClusterSource.from_env()
+    assert source is not None and source.kubeconfig is not None
+    return E2ESettings.from_env(source.kubeconfig)
 
 
 @pytest.fixture(scope="session")

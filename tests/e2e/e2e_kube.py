@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
@@ -27,6 +28,7 @@ import pykube
 import pytest
 import requests
 import yaml
+from envtest import die_with_parent
 from pykube.objects import APIObject, NamespacedAPIObject
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -44,16 +46,30 @@ FIELD_MANAGER = "admission-policy-e2e"
 T = TypeVar("T")
 
 
-# --- switching on -----------------------------------------------------------------------------------------
+# --- which cluster -------------------------------------------------------------------------------------------
 
-def enabled() -> bool:
-    return bool(os.environ.get("KUBECONFIG")) and os.environ.get("E2E") == "1"
+SETUP_HINT = ("export KUBEBUILDER_ASSETS=\"$(../shared/envtest/install.sh)\" (in this repository) or "
+              "KUBEBUILDER_ASSETS=\"$(setup-envtest use 1.28 -p path)\" to start a control plane on loopback, "
+              "or KUBECONFIG=... E2E=1 for a cluster of yours (see tests/e2e/README.md)")
 
 
-REQUIRES_CLUSTER = pytest.mark.skipif(
-    not enabled(),
-    reason="e2e needs a real cluster: set KUBECONFIG and E2E=1 (see tests/e2e/README.md)",
-)
+@dataclasses.dataclass(frozen=True)
+class ClusterSource:
+    """Where the e2e tests get their cluster: started from envtest assets, or an external one."""
+    assets: pathlib.Path | None = None        # KUBEBUILDER_ASSETS: start a control plane
+    kubeconfig: pathlib.Path | None = None    # KUBECONFIG + E2E=1: an existing, disposable cluster
+
+    @classmethod
+    def from_env(cls) -> ClusterSource | None:
+        """An external cluster when asked for explicitly, else envtest assets; None when neither."""
+        paths = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+        if os.environ.get("E2E") == "1" and paths:
+            # pykube reads one file; with a list, the first one is used (and given to the operator).
+            return cls(kubeconfig=pathlib.Path(paths[0]).expanduser())
+        assets = os.environ.get("KUBEBUILDER_ASSETS", "").strip()
+        if assets:
+            return cls(assets=pathlib.Path(assets).expanduser())
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,21 +81,19 @@ class E2ESettings:
     cert_secret: str
     timeout: float               # deadline of every wait
     pod_image: str
+    kubectl: str                 # the kubectl binary the tests run as a user would
 
     @classmethod
-    def from_env(cls) -> E2ESettings:
-        paths = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
-        if not paths:
-            raise pytest.UsageError("KUBECONFIG is not set")
+    def from_env(cls, kubeconfig: pathlib.Path, kubectl: str | None = None) -> E2ESettings:
         return cls(
-            # pykube reads one file; with a list, the first one is used (and given to the operator).
-            kubeconfig=pathlib.Path(paths[0]).expanduser(),
+            kubeconfig=kubeconfig,
             advertise_host=os.environ.get("E2E_ADVERTISE_HOST", "").strip() or "127.0.0.1",
             operator_namespace=os.environ.get("E2E_OPERATOR_NAMESPACE", "").strip() or "admission-policy-e2e",
             webhook_config_name=os.environ.get("E2E_WEBHOOK_CONFIG_NAME", "").strip() or "admission-policy-e2e",
             cert_secret="admission-policy-e2e-tls",
             timeout=float(os.environ.get("E2E_TIMEOUT", "").strip() or 60),
             pod_image=os.environ.get("E2E_POD_IMAGE", "").strip() or "registry.k8s.io/pause:3.9",
+            kubectl=kubectl or os.environ.get("E2E_KUBECTL", "").strip() or "kubectl",
         )
 
 
@@ -426,7 +440,10 @@ class OperatorProcess:
         }
         self.process: subprocess.Popen[bytes] | None = None
         # Outlives a killed pytest (the operator runs in its own session), so the next run can tell.
-        self.pidfile = pathlib.Path(tempfile.gettempdir()) / f"{self.settings.webhook_config_name}.e2e-operator.pid"
+        # One per cluster (kubeconfig path), so that runs against separate envtest control planes coexist.
+        cluster_key = hashlib.sha256(str(self.settings.kubeconfig.resolve()).encode()).hexdigest()[:8]
+        self.pidfile = (pathlib.Path(tempfile.gettempdir())
+                        / f"{self.settings.webhook_config_name}-{cluster_key}.e2e-operator.pid")
 
     @property
     def url(self) -> str:
@@ -466,7 +483,7 @@ class OperatorProcess:
                 cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 # Own session: a Ctrl-C in the terminal must not kill it before the teardown has
                 # deleted the policies, whose finalizer only a live operator removes.
-                start_new_session=True,
+                start_new_session=True, preexec_fn=die_with_parent,
             )
         self.pidfile.write_text(f"{self.process.pid}\n")
         self._wait_ready()

@@ -7,7 +7,6 @@ import pykube
 import pytest
 from e2e_kube import (
     POD_RULE,
-    REQUIRES_CLUSTER,
     AdmissionPolicy,
     Cluster,
     MutatingWebhookConfiguration,
@@ -20,7 +19,7 @@ from e2e_kube import (
 )
 from pykube.exceptions import HTTPError
 
-pytestmark = [pytest.mark.e2e, REQUIRES_CLUSTER]
+pytestmark = pytest.mark.e2e
 
 OFFENSIVE = "deny-offensive-pod-names"
 

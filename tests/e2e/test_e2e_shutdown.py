@@ -17,7 +17,6 @@ import pykube
 import pytest
 from e2e_kube import (
     EXEMPT_LABEL,
-    REQUIRES_CLUSTER,
     Cluster,
     MutatingWebhookConfiguration,
     OperatorProcess,
@@ -29,7 +28,7 @@ from e2e_kube import (
     unique,
 )
 
-pytestmark = [pytest.mark.e2e, REQUIRES_CLUSTER]
+pytestmark = pytest.mark.e2e
 
 GUARD = "e2e-configmap-guard"
 GUARDED = "e2e.policy-operator.dev/guarded"

@@ -1,0 +1,313 @@
+"""A real Kubernetes control plane on loopback, from the binaries in ``$KUBEBUILDER_ASSETS``.
+
+The controller-runtime ``envtest`` convention: a directory holding ``etcd``, ``kube-apiserver``,
+``kube-controller-manager`` and ``kubectl`` (``../shared/envtest/install.sh`` prints one;
+``setup-envtest use 1.28 -p path`` gives the same layout anywhere). Unlike envtest, the
+controller-manager runs too: without it no namespace is ever deleted to completion, no
+``default`` ServiceAccount exists (the ServiceAccount admission plugin then refuses every Pod)
+and nothing garbage-collects.
+
+Everything is fresh per start: free ports, a temporary data directory, certificates made with
+``cryptography``. :meth:`ControlPlane.stop` kills every process and removes the directory; it is
+safe to call twice and after a failed start.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import datetime
+import ipaddress
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
+START_TIMEOUT = 120.0
+PR_SET_PDEATHSIG = 1
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not start; the message names the process and its log tail."""
+
+
+def die_with_parent() -> None:
+    """``preexec_fn``: the child gets SIGTERM when the test process dies, even by SIGKILL (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def missing_binaries(assets: pathlib.Path) -> list[str]:
+    return [name for name in BINARIES if not os.access(assets / name, os.X_OK)]
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free on 127.0.0.1 right now (bound together, so they differ)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+# --- certificates ------------------------------------------------------------------------------------------
+
+def _key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _pem_key(key: rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                             serialization.NoEncryption())
+
+
+def _certificate(subject: x509.Name, key: rsa.RSAPrivateKey, issuer: x509.Name, signer: rsa.RSAPrivateKey, *,
+                 ca: bool = False, usage: Sequence[x509.ObjectIdentifier] = (),
+                 names: Sequence[str] = ()) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(key.public_key())
+               .serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=2))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if usage:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(list(usage)), critical=False)
+    if names:
+        alt: list[x509.GeneralName] = []
+        for name in names:
+            try:
+                alt.append(x509.IPAddress(ipaddress.ip_address(name)))
+            except ValueError:
+                alt.append(x509.DNSName(name))
+        builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
+    if ca:
+        builder = builder.add_extension(x509.KeyUsage(
+            digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
+            key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False),
+            critical=True)
+    return builder.sign(signer, hashes.SHA256())
+
+
+def _name(common_name: str, organization: str | None = None) -> x509.Name:
+    attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    return x509.Name(attributes)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pki:
+    ca_crt: pathlib.Path
+    ca_key: pathlib.Path
+    serving_crt: pathlib.Path
+    serving_key: pathlib.Path
+    admin_crt: pathlib.Path
+    admin_key: pathlib.Path
+    sa_key: pathlib.Path
+    sa_pub: pathlib.Path
+
+    @classmethod
+    def create(cls, directory: pathlib.Path) -> _Pki:
+        directory.mkdir(mode=0o700)
+        ca_key, serving_key, admin_key, sa_key = _key(), _key(), _key(), _key()
+        ca_name = _name("envtest-ca")
+        ca = _certificate(ca_name, ca_key, ca_name, ca_key, ca=True)
+        serving = _certificate(_name("kube-apiserver"), serving_key, ca_name, ca_key,
+                               usage=[ExtendedKeyUsageOID.SERVER_AUTH],
+                               names=["127.0.0.1", "localhost", "10.96.0.1", "kubernetes",
+                                      "kubernetes.default", "kubernetes.default.svc"])
+        admin = _certificate(_name("envtest-admin", "system:masters"), admin_key, ca_name, ca_key,
+                             usage=[ExtendedKeyUsageOID.CLIENT_AUTH])
+        pki = cls(*(directory / f for f in ("ca.crt", "ca.key", "apiserver.crt", "apiserver.key",
+                                            "admin.crt", "admin.key", "sa.key", "sa.pub")))
+        pki.ca_crt.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+        pki.ca_key.write_bytes(_pem_key(ca_key))
+        pki.serving_crt.write_bytes(serving.public_bytes(serialization.Encoding.PEM))
+        pki.serving_key.write_bytes(_pem_key(serving_key))
+        pki.admin_crt.write_bytes(admin.public_bytes(serialization.Encoding.PEM))
+        pki.admin_key.write_bytes(_pem_key(admin_key))
+        pki.sa_key.write_bytes(_pem_key(sa_key))
+        pki.sa_pub.write_bytes(sa_key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                                 serialization.PublicFormat.SubjectPublicKeyInfo))
+        return pki
+
+
+# --- the processes -----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: pathlib.Path
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+
+class ControlPlane:
+    """etcd, kube-apiserver and kube-controller-manager; :attr:`kubeconfig` is an admin's."""
+
+    def __init__(self, assets: pathlib.Path, *, workdir: pathlib.Path | None = None) -> None:
+        missing = missing_binaries(assets)
+        if missing:
+            raise ControlPlaneError(f"KUBEBUILDER_ASSETS={assets} lacks {', '.join(missing)} "
+                                    f"(expected {', '.join(BINARIES)})")
+        self.assets = assets
+        self._own_workdir = workdir is None
+        self.workdir = workdir or pathlib.Path(tempfile.mkdtemp(prefix="envtest-"))
+        self.kubeconfig = self.workdir / "admin.kubeconfig"
+        self.kubectl = assets / "kubectl"
+        etcd_client, etcd_peer, self.port, controller_port = free_ports(4)
+        self.server = f"https://127.0.0.1:{self.port}"
+        self._etcd_client = etcd_client
+        self._etcd_peer = etcd_peer
+        self._controller_port = controller_port
+        self._processes: list[_Process] = []
+        self._pki: _Pki | None = None
+
+    # -- public -----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start all three and wait until the API server is ready and ``default/default`` exists."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Terminate every process (SIGKILL after a few seconds), then remove the data."""
+        for process in reversed(self._processes):
+            if process.popen.poll() is None:
+                process.popen.send_signal(signal.SIGTERM)
+        for process in reversed(self._processes):
+            try:
+                process.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                process.popen.kill()
+                process.popen.wait(10)
+        self._processes.clear()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def restart_apiserver(self) -> None:
+        """Stop the API server and start it again on the same port (its clients reconnect)."""
+        index = next(i for i, p in enumerate(self._processes) if p.name == "kube-apiserver")
+        old = self._processes.pop(index)
+        old.popen.terminate()
+        old.popen.wait(30)
+        self._start_apiserver()
+        self._wait(lambda: self._get("/readyz") == "ok", "kube-apiserver to be ready again", "kube-apiserver")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name} ({p.log}) ---\n{p.tail()}" for p in self._processes)
+
+    # -- starting ---------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self._pki = pki = _Pki.create(self.workdir / "pki")
+        self._write_kubeconfig(pki)
+        self._spawn("etcd", [
+            "--name", "envtest", "--data-dir", str(self.workdir / "etcd"),
+            "--listen-client-urls", f"http://127.0.0.1:{self._etcd_client}",
+            "--advertise-client-urls", f"http://127.0.0.1:{self._etcd_client}",
+            "--listen-peer-urls", f"http://127.0.0.1:{self._etcd_peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{self._etcd_peer}",
+            "--initial-cluster", f"envtest=http://127.0.0.1:{self._etcd_peer}",
+            "--initial-cluster-state", "new", "--unsafe-no-fsync",
+        ])
+        self._start_apiserver()
+        self._wait(lambda: self._get("/readyz") == "ok", "kube-apiserver to be ready", "kube-apiserver")
+        self._spawn("kube-controller-manager", [
+            f"--kubeconfig={self.kubeconfig}", f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}",
+            "--bind-address=127.0.0.1", f"--secure-port={self._controller_port}", "--leader-elect=false",
+            f"--service-account-private-key-file={pki.sa_key}", f"--root-ca-file={pki.ca_crt}",
+            "--use-service-account-credentials=false",
+            # What needs nodes or a cloud is off; namespaces, service accounts, GC, deployments stay.
+            "--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-service,-route,"
+            "-persistentvolume-binder,-attachdetach",
+            f"--cluster-signing-cert-file={pki.ca_crt}", f"--cluster-signing-key-file={pki.ca_key}",
+        ])
+        self._wait(lambda: self._get("/api/v1/namespaces/default/serviceaccounts/default") is not None,
+                   "the ServiceAccount default/default (made by kube-controller-manager)", "kube-controller-manager")
+
+    def _start_apiserver(self) -> None:
+        pki = self._pki
+        assert pki is not None
+        self._spawn("kube-apiserver", [
+            f"--etcd-servers=http://127.0.0.1:{self._etcd_client}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+            "--service-cluster-ip-range=10.96.0.0/16", "--endpoint-reconciler-type=none",
+            f"--cert-dir={self.workdir / 'apiserver-certs'}",
+            f"--tls-cert-file={pki.serving_crt}", f"--tls-private-key-file={pki.serving_key}",
+            f"--client-ca-file={pki.ca_crt}",
+            f"--service-account-key-file={pki.sa_pub}", f"--service-account-signing-key-file={pki.sa_key}",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            "--authorization-mode=RBAC", "--allow-privileged=true",
+        ])
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log = self.workdir / f"{name}.log"
+        with log.open("ab") as out:
+            # Own session: a Ctrl-C must not kill the API server before the teardown has used it.
+            popen = subprocess.Popen([str(self.assets / name), *args], stdin=subprocess.DEVNULL, stdout=out,
+                                     stderr=subprocess.STDOUT, cwd=self.workdir, start_new_session=True,
+                                     preexec_fn=die_with_parent)
+        self._processes.append(_Process(name, popen, log))
+
+    def _write_kubeconfig(self, pki: _Pki) -> None:
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "envtest",
+            "clusters": [{"name": "envtest", "cluster": {"server": self.server,
+                                                         "certificate-authority": str(pki.ca_crt)}}],
+            "users": [{"name": "admin", "user": {"client-certificate": str(pki.admin_crt),
+                                                 "client-key": str(pki.admin_key)}}],
+            "contexts": [{"name": "envtest", "context": {"cluster": "envtest", "user": "admin",
+                                                         "namespace": "default"}}],
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config))
+
+    def _get(self, path: str) -> str | None:
+        """The body of an admin GET, or None when it fails (not up yet, 404, ...)."""
+        assert self._pki is not None
+        context = ssl.create_default_context(cafile=str(self._pki.ca_crt))
+        context.load_cert_chain(str(self._pki.admin_crt), str(self._pki.admin_key))
+        try:
+            with urllib.request.urlopen(f"{self.server}{path}", context=context, timeout=5) as response:
+                return str(response.read().decode())
+        except (OSError, urllib.error.URLError):
+            return None
+
+    def _wait(self, ready: Callable[[], bool], what: str, culprit: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not ready():
+            dead = [p for p in self._processes if p.popen.poll() is not None]
+            if dead:
+                raise ControlPlaneError(f"{dead[0].name} exited with code {dead[0].popen.returncode} "
+                                        f"while waiting for {what}:\n{dead[0].tail()}")
+            if time.monotonic() >= deadline:
+                process = next((p for p in self._processes if p.name == culprit), None)
+                raise ControlPlaneError(f"timed out after {START_TIMEOUT:.0f}s waiting for {what}"
+                                        + (f":\n{process.tail()}" if process else ""))
+            time.sleep(0.25)
