@@ -287,6 +287,17 @@ class Cluster:
         eventually(lambda: self.get(cls, name, namespace), lambda a: a.status == 404,
                    f"{cls.kind} {name} to be gone", timeout or self.settings.timeout)
 
+    def kubectl(self, *args: str, input: str | None = None, timeout: float | None = None,
+                check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run kubectl as a user would, against this cluster; fails with its output unless ``check=False``."""
+        result = subprocess.run([self.settings.kubectl, *args], input=input, capture_output=True, text=True,
+                                timeout=timeout or self.settings.timeout, check=False,
+                                env={**os.environ, "KUBECONFIG": str(self.settings.kubeconfig)})
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} exited {result.returncode}:\n"
+                                 f"{result.stdout}{result.stderr}")
+        return result
+
     # setup
 
     def check_reachable(self) -> None:

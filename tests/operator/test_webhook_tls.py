@@ -189,6 +189,34 @@ async def test_an_invalid_policy_is_rejected_naming_the_field_and_the_compiler_m
         assert (await webhook.review("/validate-policy", request))["allowed"] is True
 
 
+async def test_a_policy_update_that_leaves_the_spec_alone_is_never_refused(serving: Any) -> None:
+    """Removing a finalizer or labelling a policy that slipped in broken must stay possible, also on
+    API servers without ``matchConditions`` (they send every UPDATE); a spec edit is still judged."""
+    async with serving() as webhook:
+        broken = policy_body("slipped-in", validations=[{"expression": "object.metadata.name.startsWith("}])
+        relabelled = copy.deepcopy(broken)
+        relabelled["metadata"].update(labels={"team": "a"}, finalizers=[])
+        request = {
+            "uid": "c0ffee00-0000-4000-8000-000000000004", "operation": "UPDATE", "name": "slipped-in",
+            "kind": {"group": "policy-operator.dev", "version": "v1alpha1", "kind": "AdmissionPolicy"},
+            "resource": {"group": "policy-operator.dev", "version": "v1alpha1", "resource": "admissionpolicies"},
+            "userInfo": {"username": "admin"}, "object": relabelled, "oldObject": broken,
+        }
+        assert (await webhook.review("/validate-policy", request))["allowed"] is True
+
+        deleting = copy.deepcopy(broken)
+        deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        deleting["spec"]["description"] = "changed while being deleted"
+        request.update(uid="c0ffee00-0000-4000-8000-000000000005", object=deleting)
+        assert (await webhook.review("/validate-policy", request))["allowed"] is True
+
+        edited = copy.deepcopy(broken)
+        edited["spec"]["description"] = "a spec edit is judged"
+        request.update(uid="c0ffee00-0000-4000-8000-000000000006", object=edited)
+        response = await webhook.review("/validate-policy", request)
+        assert response["allowed"] is False and response["status"]["code"] == 422
+
+
 async def test_no_per_request_log_lines_at_info(serving: Any, caplog: pytest.LogCaptureFixture) -> None:
     async with serving() as webhook:
         caplog.clear()

@@ -146,6 +146,13 @@ def test_fixed_admission_policy_entry_is_always_there() -> None:
             },
             "failurePolicy": "Fail",
             "matchPolicy": "Equivalent",
+            # Only where a spec is written: finalizer removal and deletes never need the operator.
+            "matchConditions": [{
+                "name": "spec-written",
+                "expression": "request.operation == 'CREATE' || (!has(object.metadata.deletionTimestamp)"
+                              " && (has(object.spec) != has(oldObject.spec)"
+                              " || (has(object.spec) && object.spec != oldObject.spec)))",
+            }],
             "rules": [
                 {
                     "apiGroups": ["policy-operator.dev"],

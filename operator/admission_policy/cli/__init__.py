@@ -205,6 +205,7 @@ _RUN_FLAGS: list[tuple[str, str, str]] = [
     ("--listen-port", "AP_LISTEN_PORT", "Port the webhook server listens on."),
     ("--advertise-host", "AP_ADVERTISE_HOST",
      "Host the API server reaches when run outside the cluster (url client config)."),
+    ("--advertise-port", "AP_ADVERTISE_PORT", "Port in that url, when not the listen port (e.g. behind a proxy)."),
     ("--webhook-timeout", "AP_WEBHOOK_TIMEOUT", "timeoutSeconds of the webhooks (1-30)."),
     ("--exempt-namespaces", "AP_EXEMPT_NAMESPACES", "Comma-separated namespaces never sent to the webhooks."),
     ("--default-failure-policy", "AP_DEFAULT_FAILURE_POLICY", "failurePolicy of policies that set none."),

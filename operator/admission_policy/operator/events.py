@@ -1,5 +1,13 @@
-"""Kubernetes Events on policies: denials are counted and posted once per interval, so a flood
-of denied requests becomes one event per policy, not one per request."""
+"""Kubernetes Events on AdmissionPolicies, where ``kubectl describe ap`` finds them.
+
+An AdmissionPolicy is cluster-scoped. Kubernetes keeps events about cluster-scoped objects in the
+``default`` namespace with an empty ``involvedObject.namespace`` (what kubectl and the core
+controllers do), and ``kubectl describe`` looks for exactly that. Kopf's own poster puts them in
+the operator's namespace instead, where nothing finds them, so the operator posts its own.
+
+Denials are counted and posted once per interval, so a flood of denied requests becomes one
+event per policy, not one per request.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -14,6 +22,9 @@ from .. import api
 
 logger = logging.getLogger(__name__)
 
+EVENT_NAMESPACE = "default"   # where events about cluster-scoped objects live
+MAX_MESSAGE = 1024
+
 
 @dataclasses.dataclass
 class _Tally:
@@ -21,39 +32,44 @@ class _Tally:
     last_message: str = ""
 
 
-class DenialEvents:
-    def __init__(self, namespace: str, component: str, interval: float = 30.0) -> None:
-        self.namespace = namespace
+class PolicyEvents:
+    def __init__(self, component: str, interval: float = 30.0) -> None:
         self.component = component
         self.interval = interval
         self._tallies: dict[str, _Tally] = {}
 
-    def record(self, policy: str, message: str) -> None:
+    def record_denial(self, policy: str, message: str) -> None:
         """Called on the hot path: only counts."""
         tally = self._tallies.setdefault(policy, _Tally())
         tally.count += 1
         tally.last_message = message
 
+    async def post(self, api_client: client.ApiClient, policy: str, uid: str | None, *,
+                   type_: str, reason: str, message: str) -> None:
+        """Post one event; a failure is logged, never raised: events are auxiliary."""
+        now = datetime.datetime.now(datetime.UTC)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{policy}.", namespace=EVENT_NAMESPACE),
+            involved_object=client.V1ObjectReference(api_version=api.API_VERSION, kind=api.KIND, name=policy,
+                                                     uid=uid),
+            reason=reason, message=message[:MAX_MESSAGE], type=type_,
+            first_timestamp=now, last_timestamp=now, count=1,
+            source=client.V1EventSource(component=self.component),
+            reporting_component=self.component,
+        )
+        try:
+            await client.CoreV1Api(api_client).create_namespaced_event(EVENT_NAMESPACE, event)
+        except client.ApiException as exc:
+            logger.warning("AdmissionPolicy %s: cannot post the %s event: %s %s", policy, reason, exc.status,
+                           exc.reason)
+
     async def run(self, api_client: client.ApiClient, uid_of: Callable[[str], str | None]) -> None:
-        core = client.CoreV1Api(api_client)
+        """Post the denials counted in each interval."""
         while True:
             await asyncio.sleep(self.interval)
             tallies, self._tallies = self._tallies, {}
             for policy, tally in tallies.items():
                 message = (f"denied {tally.count} request(s) in the last {self.interval:.0f}s; "
                            f"last: {tally.last_message}")
-                try:
-                    await core.create_namespaced_event(self.namespace, self._event(policy, uid_of(policy), message))
-                except client.ApiException as exc:
-                    logger.warning("AdmissionPolicy %s: cannot post the denial event: %s", policy, exc.reason)
-
-    def _event(self, policy: str, uid: str | None, message: str) -> client.CoreV1Event:
-        now = datetime.datetime.now(datetime.UTC)
-        return client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{policy}."),
-            involved_object=client.V1ObjectReference(api_version=api.API_VERSION, kind=api.KIND, name=policy,
-                                                     uid=uid),
-            reason="Denied", message=message[:1024], type="Warning",
-            first_timestamp=now, last_timestamp=now, count=1,
-            source=client.V1EventSource(component=self.component),
-        )
+                await self.post(api_client, policy, uid_of(policy), type_="Warning", reason="Denied",
+                                message=message)

@@ -46,7 +46,7 @@ class Operator:
     api_client: client.ApiClient
     discovery: Discovery
     bundle: certificates.CertificateBundle
-    denials: events.DenialEvents
+    events: events.PolicyEvents
     tasks: list[asyncio.Task[Any]] = dataclasses.field(default_factory=list)
     runners: list[Any] = dataclasses.field(default_factory=list)
 
@@ -110,7 +110,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         certfile=paths.certfile, pkeyfile=paths.pkeyfile, cafile=paths.cafile, file_check_interval=10.0)
 
     _operator = op = Operator(config, store, api_client, Discovery(api_client), bundle,
-                              events.DenialEvents(config.namespace, "admission-policy-operator"))
+                              events.PolicyEvents("admission-policy-operator"))
     op.runners.append(await metrics.serve_probes(config.listen_host, config.health_port, lambda: store.ready))
     if config.metrics_port:
         op.runners.append(await metrics.serve_metrics(config.listen_host, config.metrics_port))
@@ -118,14 +118,14 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     op.spawn("namespace watcher", watcher.watch_namespaces(api_client, store))
     op.spawn("webhook configurations",
              registration.keep_configurations(api_client, config, store, op.discovery, lambda: op.bundle.ca_bundle))
-    op.spawn("denial events", op.denials.run(api_client, store.uids.get))
+    op.spawn("denial events", op.events.run(api_client, store.uids.get))
     op.spawn("certificate renewal", _renew_certificates(op))
     op.spawn("heap freeze", _freeze_after_load(store))
     metrics.POLICIES.set_function(lambda: len(store.policies))   # read at scrape time
     metrics.REJECTED.set_function(lambda: len(store.rejected))
     store.changed.set()  # write the configurations once even with no policies (the fixed entry)
     logger.info("Operator started: webhook on %s:%d, %s client config", config.listen_host, config.listen_port,
-                f"url https://{config.advertise_host}:{config.listen_port}" if config.advertise_host else "service")
+                f"url {config.advertised_url}" if config.advertised_url else "service")
 
 
 @kopf.on.cleanup()
@@ -155,7 +155,7 @@ async def reconcile(body: kopf.Body, name: str, meta: kopf.Meta, status: kopf.St
         await _write_status(op, name, conditions.status_patch(status, conditions.pending(), generation, _now()))
     observation = await observe(op, body, name, generation)
     patch.status.update(conditions.status_patch(status, observation, generation, _now()))
-    _announce(body, status.get("phase"), observation)
+    await _announce(op, body, status.get("phase"), observation)
     if observation.phase == "Pending":
         raise kopf.TemporaryError("waiting for the webhook configurations to route this policy", delay=5)
 
@@ -171,7 +171,7 @@ async def recheck_degraded(body: kopf.Body, name: str, meta: kopf.Meta, status: 
     observation = await observe(op, body, name, generation)
     if observation.phase != "Degraded":
         patch.status.update(conditions.status_patch(status, observation, generation, _now()))
-        _announce(body, status.get("phase"), observation)
+        await _announce(op, body, status.get("phase"), observation)
 
 
 async def observe(op: Operator, body: Mapping[str, Any], name: str, generation: int) -> conditions.Observation:
@@ -208,24 +208,25 @@ async def delete(body: kopf.Body, name: str, status: kopf.Status, **_: Any) -> N
     """Stop enforcing and unroute before Kopf removes the finalizer."""
     op = operator()
     await _write_status(op, name, conditions.terminating_patch(status, _now()))
-    kopf.info(body, reason="Terminating", message="removing the policy from the webhook configurations")
+    await op.events.post(op.api_client, name, body.metadata.uid, type_="Normal", reason="Terminating",
+                         message="removing the policy from the webhook configurations")
     op.store.forget(name)
     if not await op.store.wait_unregistered(name, REGISTRATION_TIMEOUT):
         raise kopf.TemporaryError("the webhook configurations still route this policy", delay=5)
     logger.info("AdmissionPolicy %s: unrouted; releasing the finalizer", name)
 
 
-def _announce(body: kopf.Body, old_phase: str | None, observation: conditions.Observation) -> None:
+async def _announce(op: Operator, body: kopf.Body, old_phase: str | None,
+                    observation: conditions.Observation) -> None:
     """One event and one log line per phase transition."""
     if old_phase == observation.phase:
         return
+    name = body.metadata.name or ""
     message = f"{old_phase or '(new)'} → {observation.phase}: {observation.ready.message}"
-    if observation.phase in ("Failed", "Degraded"):
-        kopf.warn(body, reason=observation.phase, message=message)
-        logger.warning("AdmissionPolicy %s: %s", body.metadata.name, message)
-    else:
-        kopf.info(body, reason=observation.phase, message=message)
-        logger.info("AdmissionPolicy %s: %s", body.metadata.name, message)
+    warning = observation.phase in ("Failed", "Degraded")
+    logger.log(logging.WARNING if warning else logging.INFO, "AdmissionPolicy %s: %s", name, message)
+    await op.events.post(op.api_client, name, body.metadata.uid, type_="Warning" if warning else "Normal",
+                         reason=observation.phase, message=message)
 
 
 async def _write_status(op: Operator, name: str, new_status: Mapping[str, Any]) -> None:
@@ -263,7 +264,7 @@ async def _decide(phase: Phase, webhook: str) -> None:
     if not decision.allowed and not request.dry_run:
         for outcome in decision.outcomes:
             if outcome.denied:
-                op.denials.record(outcome.policy, decision.message)
+                op.events.record_denial(outcome.policy, decision.message)
 
 
 @kopf.on.validate(api.GROUP, api.VERSION, api.PLURAL, id="validate-policy", operations=["CREATE", "UPDATE"])
@@ -271,13 +272,26 @@ async def validate_policy(**_: Any) -> None:
     """Refuse an AdmissionPolicy whose spec or CEL is invalid, at `kubectl apply` time."""
     op = operator()
     exchange = current_exchange()
+    request = exchange.request
+    if request.operation == "UPDATE" and not _spec_written(request.object, request.old_object):
+        # What the configuration's matchConditions already exclude, for API servers without them.
+        exchange.decision = Decision(allowed=True)
+        return
     try:
-        load_policy(exchange.request.object, op.settings.default_failure_policy)
+        load_policy(request.object, op.settings.default_failure_policy)
     except (api.PolicyError, PolicyCompileError) as error:
         message = f"AdmissionPolicy {exchange.request.name!r} is invalid: {error_text(error)}"
         exchange.decision = Decision(allowed=False, code=422, reason="Invalid", message=message)
         return
     exchange.decision = Decision(allowed=True)
+
+
+def _spec_written(new: Any, old: Any) -> bool:
+    """An UPDATE that changes the spec of a policy not being deleted."""
+    meta = new.get("metadata") if isinstance(new, Mapping) else None
+    if isinstance(meta, Mapping) and meta.get("deletionTimestamp"):
+        return False
+    return not (isinstance(new, Mapping) and isinstance(old, Mapping) and new.get("spec") == old.get("spec"))
 
 
 async def _fetch_namespace(op: Operator, name: str) -> Mapping[str, Any] | None:

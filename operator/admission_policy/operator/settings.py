@@ -30,6 +30,7 @@ class OperatorSettings:
     listen_host: str = "0.0.0.0"
     listen_port: int = 9443
     advertise_host: str = ""  # "" = in-cluster Service; set = `url` client config (local dev)
+    advertise_port: int = 0   # the port in that url; 0 = listen_port (differs behind a local proxy)
     webhook_timeout: int = 5
     exempt_namespaces: tuple[str, ...] = ("kube-system",)
     default_failure_policy: FailurePolicy = "Fail"
@@ -53,6 +54,7 @@ class OperatorSettings:
             listen_host=_get(environ, "AP_LISTEN_HOST", d.listen_host, _text),
             listen_port=_get(environ, "AP_LISTEN_PORT", d.listen_port, _int_range(1, 65535)),
             advertise_host=_get(environ, "AP_ADVERTISE_HOST", d.advertise_host, _host),
+            advertise_port=_get(environ, "AP_ADVERTISE_PORT", d.advertise_port, _int_range(0, 65535)),
             webhook_timeout=_get(environ, "AP_WEBHOOK_TIMEOUT", d.webhook_timeout, _int_range(1, 30)),
             # Unlike the others, an explicitly empty list is meaningful: "exempt nothing extra".
             exempt_namespaces=(
@@ -72,6 +74,14 @@ class OperatorSettings:
             pod_name=_get(environ, "AP_POD_NAME", d.pod_name, _text),
             peering_name=_get(environ, "AP_PEERING_NAME", d.peering_name, _dns_subdomain),
         )
+
+    @property
+    def advertised_url(self) -> str:
+        """``https://HOST:PORT`` of the `url` client config; "" in-cluster."""
+        if not self.advertise_host:
+            return ""
+        host = f"[{self.advertise_host}]" if ":" in self.advertise_host else self.advertise_host  # IPv6 literal
+        return f"https://{host}:{self.advertise_port or self.listen_port}"
 
     @property
     def all_exempt_namespaces(self) -> tuple[str, ...]:

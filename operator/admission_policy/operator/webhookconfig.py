@@ -169,6 +169,18 @@ def _configuration(kind: str, settings: OperatorSettings, webhooks: list[dict[st
     }
 
 
+# Only where a spec is written: an UPDATE that leaves the spec alone (finalizers, labels, status)
+# or touches an object being deleted never calls the operator, so a policy can always be released
+# and deleted by hand while the operator is down. Kubernetes >= 1.28 (matchConditions beta, on by
+# default); older API servers drop the field and call for every UPDATE, which the handler lets through.
+POLICY_MATCH_CONDITIONS = (
+    {"name": "spec-written",
+     "expression": "request.operation == 'CREATE' || (!has(object.metadata.deletionTimestamp)"
+                   " && (has(object.spec) != has(oldObject.spec)"
+                   " || (has(object.spec) && object.spec != oldObject.spec)))"},
+)
+
+
 def _policy_webhook(settings: OperatorSettings, ca_bundle: str) -> dict[str, Any]:
     # CREATE/UPDATE only, so deleting a policy never depends on the operator being up.
     # AdmissionPolicy is cluster-scoped: no namespaceSelector; no objectSelector either,
@@ -179,6 +191,7 @@ def _policy_webhook(settings: OperatorSettings, ca_bundle: str) -> dict[str, Any
         "clientConfig": _client_config(settings, ca_bundle, VALIDATE_POLICY_PATH),
         "failurePolicy": "Fail",
         "matchPolicy": "Equivalent",
+        "matchConditions": [dict(condition) for condition in POLICY_MATCH_CONDITIONS],
         "rules": [
             {
                 "apiGroups": [DOMAIN],
@@ -241,10 +254,8 @@ def _routed_webhooks(
 
 def _client_config(settings: OperatorSettings, ca_bundle: str, path: str) -> dict[str, Any]:
     encoded = base64.b64encode(ca_bundle.encode("ascii")).decode("ascii")
-    if settings.advertise_host:
-        host = settings.advertise_host
-        host = f"[{host}]" if ":" in host else host  # an IPv6 literal
-        return {"url": f"https://{host}:{settings.listen_port}{path}", "caBundle": encoded}
+    if settings.advertised_url:
+        return {"url": f"{settings.advertised_url}{path}", "caBundle": encoded}
     return {
         "service": {
             "namespace": settings.namespace,
