@@ -133,6 +133,22 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Call
         cluster.delete(pykube.Namespace, name)
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line saying how many e2e tests ran, and against what (CI's log shows it)."""
+    counts: dict[str, int] = {}
+    for outcome in ("passed", "failed", "error", "skipped"):
+        reports = terminalreporter.stats.get(outcome, [])
+        counts[outcome] = len({r.nodeid for r in reports if r.nodeid.startswith("tests/e2e/")})
+    if any(counts.values()):
+        source = ClusterSource.from_env()
+        text = ", ".join(f"{count} {outcome}" for outcome, count in counts.items() if count)
+        if source is None:
+            terminalreporter.write_line(f"e2e tests without an API server ({text}); to run them: {SETUP_HINT}")
+            return
+        against = f"an envtest control plane from {source.assets}" if source.assets else str(source.kubeconfig)
+        terminalreporter.write_line(f"e2e tests against {against}: {text}")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
                               ) -> Generator[None, pytest.TestReport, pytest.TestReport]:

@@ -311,3 +311,30 @@ class ControlPlane:
                 raise ControlPlaneError(f"timed out after {START_TIMEOUT:.0f}s waiting for {what}"
                                         + (f":\n{process.tail()}" if process else ""))
             time.sleep(0.25)
+
+
+def main() -> None:
+    """``python tests/e2e/envtest.py``: a control plane for a laptop with no kind, until Ctrl-C."""
+    assets = os.environ.get("KUBEBUILDER_ASSETS", "").strip()
+    if not assets:
+        raise SystemExit("set KUBEBUILDER_ASSETS to a directory holding " + ", ".join(BINARIES)
+                         + ' (here: export KUBEBUILDER_ASSETS="$(../shared/envtest/install.sh)")')
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="envtest-"))
+    plane = ControlPlane(pathlib.Path(assets), workdir=workdir)
+    try:
+        plane.start()
+    except ControlPlaneError as exc:
+        raise SystemExit(f"cannot start the control plane: {exc}") from None
+    print(f"API server {plane.server} is ready; in another terminal:\n"
+          f"  export KUBECONFIG={plane.kubeconfig}\n  export PATH={plane.assets}:$PATH   # its kubectl\n"
+          "Ctrl-C stops it and removes its data.", flush=True)
+    try:
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        plane.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    main()
