@@ -173,12 +173,8 @@ def _configuration(kind: str, settings: OperatorSettings, webhooks: list[dict[st
 # or touches an object being deleted never calls the operator, so a policy can always be released
 # and deleted by hand while the operator is down. Kubernetes >= 1.28 (matchConditions beta, on by
 # default); older API servers drop the field and call for every UPDATE, which the handler lets through.
-POLICY_MATCH_CONDITIONS = (
-    {"name": "spec-written",
-     "expression": "request.operation == 'CREATE' || (!has(object.metadata.deletionTimestamp)"
-                   " && (has(object.spec) != has(oldObject.spec)"
-                   " || (has(object.spec) && object.spec != oldObject.spec)))"},
-)
+SPEC_WRITTEN = ("request.operation == 'CREATE' || (!has(object.metadata.deletionTimestamp)"
+                " && (has(object.spec) != has(oldObject.spec) || (has(object.spec) && object.spec != oldObject.spec)))")
 
 
 def _policy_webhook(settings: OperatorSettings, ca_bundle: str) -> dict[str, Any]:
@@ -191,7 +187,7 @@ def _policy_webhook(settings: OperatorSettings, ca_bundle: str) -> dict[str, Any
         "clientConfig": _client_config(settings, ca_bundle, VALIDATE_POLICY_PATH),
         "failurePolicy": "Fail",
         "matchPolicy": "Equivalent",
-        "matchConditions": [dict(condition) for condition in POLICY_MATCH_CONDITIONS],
+        "matchConditions": [{"name": "spec-written", "expression": SPEC_WRITTEN}],
         "rules": [
             {
                 "apiGroups": [DOMAIN],
