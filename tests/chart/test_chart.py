@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import helm_python as helm
@@ -14,46 +13,13 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from chart_render import CHART_DIR, NAMESPACE, RELEASE, ROOT, SCENARIOS, crd_documents, render
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART_DIR = ROOT / "charts" / "admission-policy-operator"
 ROOT_CRD = ROOT / "crds" / "admissionpolicy.yaml"
-RELEASE = "apo"
-NAMESPACE = "policy-system"
 
 # The Kubernetes versions the chart is validated against: the oldest it claims (Chart.yaml
 # kubeVersion) and the newest kubernetes-validate ships.
 KUBE_VERSIONS = ["1.28.0", kubernetes_validate.latest_version()]
-
-# name -> (values, namespace)
-SCENARIOS: dict[str, tuple[dict[str, Any], str]] = {
-    "defaults": ({}, NAMESPACE),
-    "one-replica": ({"replicaCount": 1}, NAMESPACE),
-    "custom-exempt": ({"exemptNamespaces": ["kube-system", "cert-manager", "monitoring"]}, NAMESPACE),
-    "metrics-off": ({"metrics": {"enabled": False}}, NAMESPACE),
-    "custom-namespace": ({}, "platform-guardrails"),
-    "everything": (
-        {
-            "replicaCount": 3,
-            "logLevel": "DEBUG",
-            "defaultFailurePolicy": "Ignore",
-            "webhookTimeoutSeconds": 10,
-            "webhook": {"port": 10443, "configName": "guardrails", "certSecretName": "guardrails-tls"},
-            "metrics": {"enabled": True, "port": 9090, "service": {"port": 80}},
-            "health": {"port": 9091},
-            "peering": {"name": "guardrails"},
-            "image": {"repository": "registry.example.com/apo", "digest": "sha256:" + "ab" * 32},
-            "imagePullSecrets": [{"name": "regcred"}],
-            "nodeSelector": {"kubernetes.io/os": "linux"},
-            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
-            "podAntiAffinity": "hard",
-            "priorityClassName": "system-cluster-critical",
-            "rbac": {"extraRules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]},
-            "podDisruptionBudget": {"minAvailable": 2},
-        },
-        NAMESPACE,
-    ),
-}
 
 
 # --------------------------------------------------------------------------------------------
@@ -64,17 +30,6 @@ SCENARIOS: dict[str, tuple[dict[str, Any], str]] = {
 def chart() -> Iterator[helm.Chart]:
     with helm.Chart.load(CHART_DIR) as loaded:
         yield loaded
-
-
-def render(chart: helm.Chart, values: dict[str, Any] | None = None, namespace: str = NAMESPACE) -> list[dict]:
-    """All objects the chart renders (templates and hooks; the CRDs come from `chart.crds`)."""
-    rendered = chart.render(values or {}, name=RELEASE, namespace=namespace, is_install=True)
-    docs: list[dict] = []
-    for path, text in sorted(rendered.items()):
-        if path.endswith("NOTES.txt"):
-            continue
-        docs.extend(doc for doc in yaml.safe_load_all(text) if doc)
-    return docs
 
 
 def one(docs: list[dict], kind: str, component: str | None = None) -> dict:
@@ -116,15 +71,6 @@ def operator_cluster_role(docs: list[dict]) -> dict:
 
 def webhook_service(docs: list[dict]) -> dict:
     return one(docs, "Service", "webhook")
-
-
-def crd_documents(chart: helm.Chart) -> dict[str, dict]:
-    crds: dict[str, dict] = {}
-    for entry in chart.crds:
-        for doc in yaml.safe_load_all(entry["data"]):
-            if doc:
-                crds[doc["metadata"]["name"]] = doc
-    return crds
 
 
 def labels_match(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -233,7 +179,9 @@ def rules_of(role: dict) -> set[tuple[str, str, str, str | None]]:
 def test_no_rbac_wildcards(chart: helm.Chart, scenario: str) -> None:
     values, namespace = SCENARIOS[scenario]
     roles = [d for d in render(chart, values, namespace) if d["kind"] in ("Role", "ClusterRole")]
-    assert len(roles) == 3  # the operator's ClusterRole and Role, the cleanup hook's ClusterRole
+    # The operator's ClusterRole, its Roles in the release namespace and in "default" (events), the
+    # cleanup hook's ClusterRole.
+    assert len(roles) == 4
     for role in roles:
         for rule in role["rules"]:
             assert "nonResourceURLs" not in rule
@@ -251,17 +199,16 @@ def test_operator_cluster_role_is_exactly_what_the_operator_uses(chart: helm.Cha
     def allow(group: str, resource: str, verbs: str, name: str | None = None) -> None:
         expected.update((group, resource, verb, name) for verb in verbs.split())
 
-    allow("policy-operator.dev", "admissionpolicies", "get list watch patch update")
-    allow("policy-operator.dev", "admissionpolicies/status", "get patch update")
-    allow("apiextensions.k8s.io", "customresourcedefinitions", "get list watch")
+    # What the operator and Kopf call (tests/e2e/test_e2e_chart.py runs the operator with these roles).
+    allow("policy-operator.dev", "admissionpolicies", "list watch patch")
+    allow("policy-operator.dev", "admissionpolicies/status", "patch")
+    allow("apiextensions.k8s.io", "customresourcedefinitions", "list watch")
     allow("", "namespaces", "get list watch")
-    allow("", "events", "create patch")
-    allow("events.k8s.io", "events", "create patch")
     for kind in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):
-        allow("admissionregistration.k8s.io", kind, "create list watch")
-        allow("admissionregistration.k8s.io", kind, "get update patch delete", config)
+        allow("admissionregistration.k8s.io", kind, "create")
+        allow("admissionregistration.k8s.io", kind, "get update", config)
     allow("kopf.dev", "clusterkopfpeerings", "list watch")
-    allow("kopf.dev", "clusterkopfpeerings", "get patch", peering)
+    allow("kopf.dev", "clusterkopfpeerings", "patch", peering)
     assert rules_of(role) == expected
 
     binding = next(d for d in all_of(docs, "ClusterRoleBinding") if d["roleRef"]["name"] == role["metadata"]["name"])
@@ -276,26 +223,44 @@ def test_extra_rules_are_appended(chart: helm.Chart) -> None:
     assert ("", "configmaps", "get", None) in rules_of(role)
 
 
-@pytest.mark.parametrize("scenario", ["defaults", "custom-namespace", "everything"])
-def test_secret_role_is_limited_to_the_certificate_secret(chart: helm.Chart, scenario: str) -> None:
-    values, namespace = SCENARIOS[scenario]
-    docs = render(chart, values, namespace)
-    secret = env_of(operator_container(docs))["AP_CERT_SECRET"]
-    role = one(docs, "Role")
-    assert role["metadata"]["namespace"] == namespace
-    assert rules_of(role) == {
-        ("", "secrets", "create", None),
-        ("", "secrets", "get", secret),
-        ("", "secrets", "update", secret),
-        ("", "secrets", "patch", secret),
-    }
-    binding = one(docs, "RoleBinding")
-    assert binding["metadata"]["namespace"] == namespace
+def role_in(docs: list[dict], namespace: str) -> tuple[dict, dict]:
+    """The one Role in ``namespace`` and the one RoleBinding that grants it."""
+    (role,) = [d for d in all_of(docs, "Role") if d["metadata"]["namespace"] == namespace]
+    (binding,) = [d for d in all_of(docs, "RoleBinding") if d["metadata"]["namespace"] == namespace]
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "Role",
         "name": role["metadata"]["name"],
     }
+    return role, binding
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "custom-namespace", "everything"])
+def test_release_namespace_role_is_the_certificate_secret_and_kopf_events(chart: helm.Chart, scenario: str) -> None:
+    values, namespace = SCENARIOS[scenario]
+    docs = render(chart, values, namespace)
+    secret = env_of(operator_container(docs))["AP_CERT_SECRET"]
+    role, binding = role_in(docs, namespace)
+    assert rules_of(role) == {
+        ("", "secrets", "create", None),
+        ("", "secrets", "get", secret),
+        ("", "secrets", "update", secret),
+        # Kopf posts its own events about cluster-scoped objects in the namespace of its credentials.
+        ("", "events", "create", None),
+    }
+    sa = operator_deployment(docs)["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}]
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "custom-namespace", "everything"])
+def test_events_role_in_default_is_events_create_only(chart: helm.Chart, scenario: str) -> None:
+    """Events about AdmissionPolicies (cluster-scoped) go to "default", where `kubectl describe` looks."""
+    values, namespace = SCENARIOS[scenario]
+    docs = render(chart, values, namespace)
+    role, binding = role_in(docs, "default")
+    assert rules_of(role) == {("", "events", "create", None)}
+    # Named after the release namespace, like the ClusterRoles: releases never share it.
+    assert role["metadata"]["name"].startswith(f"{namespace}-")
     sa = operator_deployment(docs)["spec"]["template"]["spec"]["serviceAccountName"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}]
 
@@ -539,6 +504,8 @@ def test_custom_namespace_everywhere(chart: helm.Chart) -> None:
         if doc["kind"] in cluster_scoped:
             assert "namespace" not in doc["metadata"]
             assert doc["metadata"]["name"].startswith(namespace) or doc["kind"] == "ClusterKopfPeering"
+        elif doc["kind"] in ("Role", "RoleBinding") and doc["metadata"]["namespace"] == "default":
+            assert doc["metadata"]["name"].startswith(namespace)  # the events Role, see role.yaml
         else:
             assert doc["metadata"]["namespace"] == namespace, doc["kind"]
         for subject in doc.get("subjects", []):

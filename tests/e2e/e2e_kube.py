@@ -429,14 +429,19 @@ def free_ports(count: int) -> list[int]:
 class OperatorProcess:
     """``kopf run -m admission_policy.operator.handlers --all-namespaces --standalone`` on this host."""
 
-    def __init__(self, cluster: Cluster, log_path: pathlib.Path, cert_dir: pathlib.Path) -> None:
+    def __init__(self, cluster: Cluster, log_path: pathlib.Path, cert_dir: pathlib.Path, *,
+                 kubeconfig: pathlib.Path | None = None, env: Mapping[str, str] | None = None,
+                 standalone: bool = True) -> None:
+        """``kubeconfig``: the operator's credentials (default: the tests' own, admin); ``env``: extra or
+        overriding variables; ``standalone=False``: Kopf peering, as the chart runs it (AP_PEERING_NAME)."""
         self.cluster = cluster
         self.settings = cluster.settings
         self.log_path = log_path
+        self.standalone = standalone
         self.listen_port, self.health_port, self.metrics_port = free_ports(3)
         self.env = {
             **os.environ,
-            "KUBECONFIG": str(self.settings.kubeconfig),
+            "KUBECONFIG": str(kubeconfig or self.settings.kubeconfig),
             "PYTHONUNBUFFERED": "1",
             "AP_NAMESPACE": self.settings.operator_namespace,
             "AP_LISTEN_HOST": "0.0.0.0",
@@ -448,6 +453,7 @@ class OperatorProcess:
             "AP_CERT_SECRET": self.settings.cert_secret,
             "AP_WEBHOOK_CONFIG_NAME": self.settings.webhook_config_name,
             "AP_LOG_LEVEL": os.environ.get("E2E_OPERATOR_LOG_LEVEL", "INFO"),
+            **(env or {}),
         }
         self.process: subprocess.Popen[bytes] | None = None
         # Outlives a killed pytest (the operator runs in its own session), so the next run can tell.
@@ -458,8 +464,10 @@ class OperatorProcess:
 
     @property
     def url(self) -> str:
-        host = self.settings.advertise_host
-        return f"https://{f'[{host}]' if ':' in host else host}:{self.listen_port}"
+        """What the webhook configurations name: AP_ADVERTISE_HOST and AP_ADVERTISE_PORT (else the listen port)."""
+        host = self.env.get("AP_ADVERTISE_HOST") or self.settings.advertise_host
+        port = self.env.get("AP_ADVERTISE_PORT") or self.listen_port
+        return f"https://{f'[{host}]' if ':' in host else host}:{port}"
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -490,7 +498,8 @@ class OperatorProcess:
             log.write(f"\n===== e2e: starting the operator ({self.url}) =====\n".encode())
             log.flush()
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "kopf", "run", "-m", OPERATOR_MODULE, "--all-namespaces", "--standalone"],
+                [sys.executable, "-m", "kopf", "run", "-m", OPERATOR_MODULE, "--all-namespaces",
+                 *(["--standalone"] if self.standalone else [])],
                 cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 # Own session: a Ctrl-C in the terminal must not kill it before the teardown has
                 # deleted the policies, whose finalizer only a live operator removes.
@@ -511,6 +520,16 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(10)
+        self.pidfile.unlink(missing_ok=True)
+        return self.process.returncode
+
+    def kill(self) -> int | None:
+        """SIGKILL, as the OOM killer or a lost node stops a pod: no cleanup handler runs; the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
         self.pidfile.unlink(missing_ok=True)
         return self.process.returncode
 

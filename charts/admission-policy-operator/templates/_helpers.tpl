@@ -86,6 +86,12 @@ name in different namespaces must not share (or fight over) a ClusterRole. */}}
 {{- printf "%s-%s" .Release.Namespace (include "apo.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/* The Role and RoleBinding in namespace "default" for the operator's events about (cluster-scoped)
+AdmissionPolicies: named after the release namespace too, so that releases never share them. */}}
+{{- define "apo.eventsRoleName" -}}
+{{- printf "%s-%s" .Release.Namespace (include "apo.suffixed" (list . "events")) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "apo.cleanupName" -}}
 {{- include "apo.suffixed" (list . "cleanup") }}
 {{- end }}
