@@ -310,8 +310,27 @@ def test_explicit_rule_gets_the_preferred_version() -> None:
     )
     rules = webhook(config, "fail.validate.policy-operator.dev")["rules"]
     assert [(r["apiGroups"], r["apiVersions"], r["resources"]) for r in rules] == [
-        ([""], ["v1"], ["pods/exec"]),
         (["autoscaling"], ["v2"], ["horizontalpodautoscalers"]),
+    ]
+    rules = webhook(config, "fail.connect.validate.policy-operator.dev")["rules"]
+    assert [(r["apiGroups"], r["apiVersions"], r["resources"]) for r in rules] == [([""], ["v1"], ["pods/exec"])]
+
+
+def test_connect_gets_its_own_entry_without_an_object_selector() -> None:
+    """A CONNECT's object is PodExecOptions (no labels): the API server would never match the
+    exemption's objectSelector, and the webhook would never be called."""
+    config = validating(route(resources=("pods", "pods/exec", "pods/attach"), operations=("*",)))
+    objects = webhook(config, "fail.validate.policy-operator.dev")
+    connect = webhook(config, "fail.connect.validate.policy-operator.dev")
+    assert "objectSelector" not in connect
+    assert connect["namespaceSelector"] == objects["namespaceSelector"]
+    assert connect["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CONNECT"],
+                                 "resources": ["pods/attach", "pods/exec"], "scope": "*"}]
+    assert objects["objectSelector"]["matchExpressions"][0]["key"] == "policy-operator.dev/exempt"
+    assert objects["rules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["*"], "resources": ["pods"], "scope": "*"},
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "DELETE", "UPDATE"],
+         "resources": ["pods/attach", "pods/exec"], "scope": "*"},
     ]
 
 

@@ -220,32 +220,54 @@ def _routed_webhooks(
     kind = "mutate" if mutating else "validate"
     webhooks = []
     for policy, atoms in (("Fail", fail), ("Ignore", ignore)):
-        if not atoms:
-            continue
-        webhook: dict[str, Any] = {
-            "name": f"{policy.lower()}.{kind}.{DOMAIN}",
-            "admissionReviewVersions": ["v1"],
-            "clientConfig": _client_config(settings, ca_bundle, MUTATE_PATH if mutating else VALIDATE_PATH),
-            "failurePolicy": policy,
-            "matchPolicy": "Equivalent",
-            "namespaceSelector": {
-                "matchExpressions": [
-                    {
-                        "key": NAMESPACE_NAME_LABEL,
-                        "operator": "NotIn",
-                        "values": sorted(settings.all_exempt_namespaces),
-                    }
-                ]
-            },
-            "objectSelector": {"matchExpressions": [{"key": EXEMPT_LABEL, "operator": "NotIn", "values": ["true"]}]},
-            "rules": _rules(atoms),
-            "sideEffects": "None",
-            "timeoutSeconds": settings.webhook_timeout,
-        }
-        if mutating:
-            webhook["reinvocationPolicy"] = "IfNeeded"
-        webhooks.append(webhook)
+        objects, connects = _split_connect(atoms)
+        # A CONNECT's object is its options (PodExecOptions...), which have no labels: an
+        # objectSelector never matches them, so CONNECT rules get an entry without one.
+        for name, part, object_selector in ((f"{policy.lower()}.{kind}.{DOMAIN}", objects, True),
+                                            (f"{policy.lower()}.connect.{kind}.{DOMAIN}", connects, False)):
+            if not part:
+                continue
+            webhook: dict[str, Any] = {
+                "name": name,
+                "admissionReviewVersions": ["v1"],
+                "clientConfig": _client_config(settings, ca_bundle, MUTATE_PATH if mutating else VALIDATE_PATH),
+                "failurePolicy": policy,
+                "matchPolicy": "Equivalent",
+                "namespaceSelector": {
+                    "matchExpressions": [
+                        {
+                            "key": NAMESPACE_NAME_LABEL,
+                            "operator": "NotIn",
+                            "values": sorted(settings.all_exempt_namespaces),
+                        }
+                    ]
+                },
+                "rules": _rules(part),
+                "sideEffects": "None",
+                "timeoutSeconds": settings.webhook_timeout,
+            }
+            if object_selector:
+                webhook["objectSelector"] = {
+                    "matchExpressions": [{"key": EXEMPT_LABEL, "operator": "NotIn", "values": ["true"]}]}
+            if mutating:
+                webhook["reinvocationPolicy"] = "IfNeeded"
+            webhooks.append(webhook)
     return webhooks
+
+
+def _split_connect(atoms: _Atoms) -> tuple[_Atoms, _Atoms]:
+    """(everything but CONNECT, CONNECT alone); only subresources (pods/exec...) are ever connected."""
+    objects: _Atoms = {}
+    connects: _Atoms = {}
+    for target, operations in atoms.items():
+        if "/" in target[2] and "CONNECT" in _explicit(operations):
+            connects[target] = {"CONNECT"}
+            rest = _explicit(operations) - {"CONNECT"}
+            if rest:
+                objects[target] = rest
+        else:
+            objects[target] = operations
+    return objects, connects
 
 
 def _client_config(settings: OperatorSettings, ca_bundle: str, path: str) -> dict[str, Any]:
