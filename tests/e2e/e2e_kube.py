@@ -16,7 +16,6 @@ import pathlib
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ import pykube
 import pytest
 import requests
 import yaml
-from envtest import die_with_parent
+from envtest import die_with_parent, free_ports
 from pykube.objects import APIObject, NamespacedAPIObject
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -117,6 +116,12 @@ class MutatingWebhookConfiguration(APIObject):  # type: ignore[misc]
     version = "admissionregistration.k8s.io/v1"
     endpoint = "mutatingwebhookconfigurations"
     kind = "MutatingWebhookConfiguration"
+
+
+class ClusterKopfPeering(APIObject):  # type: ignore[misc]
+    version = "kopf.dev/v1"
+    endpoint = "clusterkopfpeerings"
+    kind = "ClusterKopfPeering"
 
 
 # --- answers and warnings -----------------------------------------------------------------------------------
@@ -414,17 +419,6 @@ def unique(prefix: str, limit: int = 63) -> str:
 
 
 # --- the operator process -----------------------------------------------------------------------------------
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
 
 class OperatorProcess:
     """``kopf run -m admission_policy.operator.handlers --all-namespaces --standalone`` on this host."""

@@ -56,12 +56,12 @@ def missing_binaries(assets: pathlib.Path) -> list[str]:
     return [name for name in BINARIES if not os.access(assets / name, os.X_OK)]
 
 
-def free_ports(count: int) -> list[int]:
-    """Ports free on 127.0.0.1 right now (bound together, so they differ)."""
+def free_ports(count: int, host: str = "") -> list[int]:
+    """Ports free on ``host`` ("": every address) right now (bound together, so they differ)."""
     sockets = [socket.socket() for _ in range(count)]
     try:
         for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
+            sock.bind((host, 0))
         return [int(sock.getsockname()[1]) for sock in sockets]
     finally:
         for sock in sockets:

@@ -35,6 +35,7 @@ from e2e_kube import (
     AdmissionPolicy,
     Answer,
     Cluster,
+    ClusterKopfPeering,
     MutatingWebhookConfiguration,
     OperatorProcess,
     Policies,
@@ -62,12 +63,6 @@ IDENTITY = "e2e-chart-rbac-0"   # the operator's pod name (AP_POD_NAME) and Kopf
 REFUSED = re.compile(r"\b40[13]\b|forbidden|unauthori[sz]ed|permission|\bcannot\b", re.IGNORECASE)
 
 T = TypeVar("T")
-
-
-class ClusterKopfPeering(APIObject):  # type: ignore[misc]
-    version = "kopf.dev/v1"
-    endpoint = "clusterkopfpeerings"
-    kind = "ClusterKopfPeering"
 
 
 @pytest.fixture(scope="module")

@@ -52,6 +52,7 @@ from e2e_kube import (
     AdmissionPolicy,
     Answer,
     Cluster,
+    ClusterKopfPeering,
     MutatingWebhookConfiguration,
     OperatorProcess,
     Policies,
@@ -79,12 +80,6 @@ PEERING_CRD = "clusterkopfpeerings.kopf.dev"
 KOPF_PEERING_LIFETIME = 60.0
 # The cause, in the API server's "failed calling webhook" message, of a call whose connection broke.
 BROKEN_CONNECTION = re.compile(r"EOF|connection reset by peer|broken pipe|connection refused")
-
-
-class ClusterKopfPeering(APIObject):  # type: ignore[misc]
-    version = "kopf.dev/v1"
-    endpoint = "clusterkopfpeerings"
-    kind = "ClusterKopfPeering"
 
 
 # --- objects ------------------------------------------------------------------------------------------------
