@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -152,3 +153,168 @@ def test_help_explains_itself() -> None:
     assert code == 0 and "admission-policy test examples/" in out
     code, out, _ = run("test", "--help")
     assert code == 0 and "AdmissionPolicyTest" in out
+
+
+def write_policy(path: Path, name: str, **spec: object) -> Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy", "metadata": {"name": name},
+        "spec": {"match": {"resources": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
+                                          "operations": ["CREATE"]}]}, **spec}}))
+    return path
+
+
+def test_a_generate_name_gets_its_name_between_mutation_and_validation(tmp_path: Path) -> None:
+    # As the API server: mutating webhooks see no name, validating ones the generated name, in the
+    # object and in request.name; the patch holds only what the mutations did.
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    seen = "{'seen': object.metadata.?name.orValue('none')}"
+    write_policy(policies / "label.yaml", "label", mutations=[{"jsonPatch": [
+        {"op": "add", "path": "/metadata/labels", "valueExpression": seen}]}])
+    write_policy(policies / "name.yaml", "name", validations=[
+        {"expression": "object.metadata.name.startsWith('web-') && request.name == object.metadata.name",
+         "messageExpression": "'got ' + object.metadata.name"}])
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "web-"},
+                                   "spec": {"containers": [{"name": "c", "image": "nginx"}]}}))
+    code, out, err = run("test", "-p", str(policies), str(pod))
+    assert code == 0, out + err
+    generated = re.search(r"pods default/(web-[bcdfghjklmnpqrstvwxz2456789]{5}), CREATE\): ALLOWED", out)
+    assert generated, out
+    assert f"metadata.name {generated[1]!r} generated from generateName" in out
+    assert "+    seen: none" in out
+    assert run("test", "-p", str(policies), str(pod))[1] == out    # the same name every run
+    code, out, _ = run("test", "-p", str(policies), str(pod), "-o", "json")
+    report = json.loads(out)["inputs"][0]
+    assert report["generatedName"] == generated[1]
+    assert report["patch"] == [{"op": "add", "path": "/metadata/labels", "value": {"seen": "none"}}]
+
+
+def test_the_generated_name_is_reported_in_suites() -> None:
+    code, out, _ = run("test", str(OFFENSIVE))
+    assert code == 0
+    assert re.search(r"metadata.name 'offensive-worker-[a-z0-9]{5}' generated from generateName", out), out
+
+
+def test_a_policy_passed_as_an_object_says_to_pass_it_with_p() -> None:
+    policy = str(OFFENSIVE / "policy.yaml")
+    code, out, err = run("test", policy)
+    assert code == 2 and out == ""
+    assert f"error: {policy}: an AdmissionPolicy is not an object to test: pass policies with -p" in err
+    code, _, err = run("test", "-p", str(EXAMPLES / "lifespan-toleration"), policy, str(OFFENSIVE / "pod-nice.yaml"))
+    assert code == 2 and "pass policies with -p" in err
+    # The same file as a policy and as a path is fine: its other documents are the objects.
+    code, out, _ = run("test", "-p", policy, policy, str(OFFENSIVE / "pod-nice.yaml"))
+    assert code == 0 and "ALLOWED" in out
+
+
+@pytest.mark.parametrize("as_policy", [False, True])
+def test_an_empty_file_says_it_is_empty(tmp_path: Path, as_policy: bool) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    args = ["-p", str(empty), str(OFFENSIVE / "pod-nice.yaml")] if as_policy else [str(empty)]
+    code, _, err = run("test", *args)
+    assert code == 2
+    assert err == f"error: {empty}: the file is empty (no YAML or JSON document in it)\n"
+
+
+def test_a_case_naming_a_missing_file_fails_alone(tmp_path: Path) -> None:
+    copy = tmp_path / "example"
+    shutil.copytree(OFFENSIVE, copy)
+    suite = yaml.safe_load((copy / "test.yaml").read_text())
+    suite["cases"][1]["object"] = "pod-missing.yaml"
+    (copy / "test.yaml").write_text(yaml.safe_dump(suite))
+    code, out, err = run("test", str(copy))
+    assert code == 1, out + err
+    assert f"{copy / 'test.yaml'} (deny-offensive-pod-names)" in out
+    assert f"FAIL  {suite['cases'][1]['name']}\n        cannot run: cases[1].object: {copy / 'pod-missing.yaml'}: " \
+           "no such file" in out
+    assert out.count("PASS") == len(suite["cases"]) - 1
+
+
+def test_errors_are_json_under_o_json(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    write_policy(bad, "bad", validations=[{"expression": "object.metadata.name.startsWith("}])
+    code, out, err = run("test", "-o", "json", "-p", str(bad), str(OFFENSIVE / "pod-nice.yaml"))
+    assert code == 2 and err == ""
+    [line] = json.loads(out)["errors"]
+    assert line.startswith(f"{bad}: AdmissionPolicy 'bad': spec.validations[0].expression (line 1, column 33)")
+    code, out, _ = run("test", "-o", "json", "/nonexistent/suite.yaml")
+    assert code == 2 and json.loads(out) == {"errors": ["/nonexistent/suite.yaml: no such file or directory"]}
+
+
+@pytest.mark.parametrize(("env", "name"), [({}, "admission-policy-operator"),
+                                           ({"AP_WEBHOOK_CONFIG_NAME": "release-x"}, "release-x")])
+def test_cleanup_webhooks_defaults_to_the_operators_name(tmp_path: Path, env: dict[str, str], name: str) -> None:
+    # A kubeconfig whose API server refuses connections: the error names the configurations it tried.
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}], "users": [{"name": "u", "user": {}}]}))
+    result = CliRunner().invoke(main, ["cleanup-webhooks"], env={
+        "KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": None, "AP_WEBHOOK_CONFIG_NAME": None, **env})
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: cannot delete the webhook configurations {name!r}: ")
+    code, out, _ = run("cleanup-webhooks", "--help")
+    assert code == 0 and "app.kubernetes.io/managed-by=admission-policy-operator" in out
+
+
+def test_every_readme_setting_is_a_run_flag() -> None:
+    table = README.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    variables = set(re.findall(r"`(AP_[A-Z_]+)`", table))
+    assert len(variables) >= 15
+    code, out, _ = run("run", "--help")
+    assert code == 0
+    assert {variable for variable in variables if f"[env {variable}]" not in " ".join(out.split())} == set()
+
+
+def test_lint_compiles_policies_for_ci(tmp_path: Path) -> None:
+    code, out, _ = run("lint", str(EXAMPLES))
+    assert code == 0, out
+    assert f"ok     {OFFENSIVE / 'policy.yaml'}: AdmissionPolicy 'deny-offensive-pod-names'" in out
+    bad = write_policy(tmp_path / "bad.yaml", "bad", validations=[
+        {"expression": "object.metadata.name.startsWith("}, {"expression": "true"}])
+    code, out, _ = run("lint", str(bad), str(OFFENSIVE / "policy.yaml"), str(tmp_path / "missing.yaml"))
+    assert code == 2
+    assert out.splitlines()[:4] == [
+        out.splitlines()[0],
+        f"ok     {OFFENSIVE / 'policy.yaml'}: AdmissionPolicy 'deny-offensive-pod-names'",
+        f"error  {tmp_path / 'missing.yaml'}: no such file or directory",
+        "",
+    ]
+    assert out.startswith(f"error  {bad}: AdmissionPolicy 'bad': spec.validations[0].expression (line 1, column 33): "
+                          "Syntax error")
+    code, out, _ = run("lint", "-o", "json", str(bad))
+    assert code == 2 and json.loads(out)["policies"][0]["name"] == "bad"
+    code, out, _ = run("lint", "--help")
+    assert code == 0 and "CI" in out and "exit" in out.lower()
+
+
+README = (ROOT / "README.md").read_text()
+
+
+def test_readme_sample_denial_is_what_the_example_returns() -> None:
+    code, out, _ = run("review", "-p", str(OFFENSIVE / "policy.yaml"), "-",
+                       stdin=json.dumps(review_request("offensive-pod")))
+    assert code == 0
+    message = json.loads(out)["response"]["status"]["message"]
+    assert f'admission webhook "fail.validate.policy-operator.dev" denied the request: {message}' in README
+
+
+def test_readme_links_lead_to_files_in_the_repository() -> None:
+    links = re.findall(r"\]\(([^)#:]+)\)", README)
+    assert "docs/design.md" in links
+    assert [link for link in links if not (ROOT / link).exists()] == []
+    assert "design notes" not in README.replace("[design notes](docs/design.md)", "")
+
+
+def test_readme_documents_every_command_and_troubleshooting() -> None:
+    assert "lint" in main.commands      # type: ignore[attr-defined]
+    for command in main.commands:       # type: ignore[attr-defined]
+        assert f"admission-policy {command}" in README, command
+    assert "cleanup-webhooks --name admission-policy-operator" not in README
+    troubleshooting = README.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+    for words in ('"path":"/metadata/finalizers"', "policy-operator.dev/exempt=true", "cleanup-webhooks",
+                  "app.kubernetes.io/managed-by=admission-policy-operator", "failurePolicy"):
+        assert words in troubleshooting, words

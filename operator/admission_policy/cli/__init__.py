@@ -13,8 +13,12 @@ from typing import Any, NamedTuple, NoReturn
 
 import click
 
+from .. import api
 from ..engine import Decision, Phase, PolicySet, ReviewError, build_response, evaluate, parse_review
-from .documents import Document, InputError, dump_json, load_policies, read_documents, walk
+from ..operator.settings import OperatorSettings
+from .admission import admit
+from .documents import Document, InputError, documents_in, dump_json, load_policies, read_documents, walk
+from .lint import lint_json, lint_policies, lint_text
 from .report import decision_json, decision_text, suites_json, suites_text
 from .requests import build_review, namespace_object
 from .suite import SuiteResult, is_suite, run_suite
@@ -32,8 +36,10 @@ def main() -> None:
       admission-policy test examples/                    run every AdmissionPolicyTest suite
       admission-policy test -p policy.yaml pod.yaml      show what the policies do to an object
       admission-policy review -p policy.yaml review.json print the webhook's AdmissionReview response
+      admission-policy lint policies/                    compile only, for CI (exit 2 on any error)
     Operator:
       admission-policy run                               run the operator (Kopf) with settings from flags/env
+      admission-policy cleanup-webhooks                  delete its webhook configurations
     """
 
 
@@ -63,7 +69,7 @@ def test(policy_paths: Sequence[str], operation: str, old_path: str | None, name
         policies = PolicySet(load_policies(policy_paths)) if policy_paths else PolicySet()
         if policy_paths and not len(policies):
             raise InputError(f"no AdmissionPolicy found in {', '.join(policy_paths)}")
-        suites, inputs = _classify(paths)
+        suites, inputs = _classify(paths, policy_paths)
         if not suites and not inputs:
             raise InputError("nothing to test: give AdmissionPolicyTest suites or objects (see --help)")
         if inputs and not policy_paths:
@@ -75,7 +81,7 @@ def test(policy_paths: Sequence[str], operation: str, old_path: str | None, name
         evaluated = [_evaluate_input(policies, document, operation.upper(), old, labels, user_info, subresource)
                      for document in inputs]
     except InputError as exc:
-        _fail(exc)
+        _fail(exc, output)
     _print_test_results(results, evaluated, output)
     failed = sum(not case.passed for suite in results for case in suite.cases)
     sys.exit(1 if failed else 0)
@@ -115,27 +121,57 @@ def review(policy_paths: Sequence[str], namespace_paths: Sequence[str], phase: s
     click.echo(json.dumps(build_response(decision, request.uid, request.api_version), indent=2))
 
 
+@main.command()
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+def lint(output: str, paths: Sequence[str]) -> None:
+    """Compile AdmissionPolicies without evaluating anything: a check for CI pipelines.
+
+    Each PATH is a policy file or a directory, searched recursively (other kinds are skipped).
+    Each policy is parsed and its CEL compiled and type-checked by the code the operator's
+    validating webhook runs at `kubectl apply`. Prints one line per policy: "ok", or one "error"
+    line per problem naming the file, the policy, the field path and, for CEL, line and column.
+    Exits 0 when every policy compiles, 2 on any error.
+    """
+    results = lint_policies(paths)
+    click.echo(dump_json(lint_json(results)) if output == "json" else lint_text(results))
+    sys.exit(0 if all(result.ok for result in results) else 2)
+
+
 class _Evaluated(NamedTuple):
     source: str
     title: str
     decision: Decision
     original: Any
+    generated_name: str
 
 
-def _classify(paths: Sequence[str]) -> tuple[list[Document], list[Document]]:
+def _classify(paths: Sequence[str], policy_paths: Sequence[str]) -> tuple[list[Document], list[Document]]:
+    """Suites (in files and directories) and objects to evaluate (in files named on purpose)."""
+    policy_files = {file.resolve() for root in policy_paths for file in walk(Path(root))}
     suites: list[Document] = []
     inputs: list[Document] = []
     for root in paths:
         in_directory = Path(root).is_dir()
-        for file in walk(Path(root)):
-            for document in read_documents(file):
-                if is_suite(document):
-                    suites.append(document)
-                elif not in_directory and document.kind != "AdmissionPolicy":
-                    if not isinstance(document.body, dict):
-                        raise InputError(f"{document.source}: expected a Kubernetes object")
-                    inputs.append(document)
+        for document in documents_in(root):
+            if is_suite(document):
+                suites.append(document)
+            elif in_directory:
+                continue
+            elif document.kind == api.KIND:
+                if Path(root).resolve() not in policy_files:
+                    raise InputError(_policy_as_input(document, root))
+            elif not isinstance(document.body, dict):
+                raise InputError(f"{document.source}: expected a Kubernetes object")
+            else:
+                inputs.append(document)
     return suites, inputs
+
+
+def _policy_as_input(document: Document, path: str) -> str:
+    """Policies are not objects to test: saying how to pass them beats a vague "nothing to test"."""
+    return (f"{document.source}: an AdmissionPolicy is not an object to test: pass policies with -p, "
+            f"as in `admission-policy test -p {path} pod.yaml` (or `admission-policy lint {path}` to compile it)")
 
 
 def _evaluate_input(policies: PolicySet, document: Document, operation: str, old: Any,
@@ -151,23 +187,24 @@ def _evaluate_input(policies: PolicySet, document: Document, operation: str, old
     except (ReviewError, ValueError) as exc:
         raise InputError(f"{document.source}: {exc}") from None
     namespace = namespace_object(request.namespace, labels) if request.namespace else None
-    decision = evaluate(policies, request, namespace, Phase.ALL)
+    decision, generated_name = admit(policies, request, namespace)
     what = f"{request.resource}{'/' + request.sub_resource if request.sub_resource else ''}"
-    name = f"{request.namespace}/{request.name}" if request.namespace else request.name
+    name = generated_name or request.name
+    name = f"{request.namespace}/{name}" if request.namespace else name
     title = f"{document.source} ({what} {name}, {request.operation})"
     return _Evaluated(document.source, title, decision,
-                      request.object if request.object is not None else request.old_object)
+                      request.object if request.object is not None else request.old_object, generated_name)
 
 
 def _print_test_results(results: list[SuiteResult], evaluated: list[_Evaluated], output: str) -> None:
     if output == "json":
         click.echo(dump_json({
             "suites": suites_json(results),
-            "inputs": [decision_json(item.source, item.decision) for item in evaluated],
+            "inputs": [decision_json(item.source, item.decision, item.generated_name) for item in evaluated],
         }))
         return
     for item in evaluated:
-        click.echo(decision_text(item.title, item.decision, item.original))
+        click.echo(decision_text(item.title, item.decision, item.original, item.generated_name))
     if results:
         click.echo(suites_text(results))
         passed = sum(case.passed for suite in results for case in suite.cases)
@@ -192,10 +229,17 @@ def _parse_labels(text: str) -> dict[str, str]:
     return labels
 
 
-def _fail(error: Exception) -> NoReturn:
-    click.echo(f"error: {error}", err=True)
+def _fail(error: Exception, output: str = "text") -> NoReturn:
+    """Exit 2 with the error; under ``-o json`` as JSON on standard output, where a pipeline reads."""
+    if output == "json":
+        click.echo(dump_json({"errors": str(error).splitlines()}))
+    else:
+        click.echo(f"error: {error}", err=True)
     sys.exit(2)
 
+
+# The operator's own default, so `cleanup-webhooks` with no --name finds what `run` wrote.
+_DEFAULT_WEBHOOK_CONFIG_NAME = OperatorSettings.webhook_config_name
 
 _RUN_FLAGS: list[tuple[str, str, str]] = [
     ("--namespace", "AP_NAMESPACE", "Namespace the operator runs in (its Secret, exemption)."),
@@ -212,6 +256,7 @@ _RUN_FLAGS: list[tuple[str, str, str]] = [
     ("--metrics-port", "AP_METRICS_PORT", "Prometheus port (0 disables)."),
     ("--health-port", "AP_HEALTH_PORT", "Port of /healthz and /readyz."),
     ("--log-level", "AP_LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR."),
+    ("--cert-secret", "AP_CERT_SECRET", "Secret holding the shared CA and serving certificate."),
     ("--cert-dir", "AP_CERT_DIR", "Directory for the serving certificate files."),
     ("--webhook-config-name", "AP_WEBHOOK_CONFIG_NAME", "Name of both webhook configurations."),
 ]
@@ -236,8 +281,6 @@ def run(standalone: bool, **flags: str | None) -> None:
 
     import kopf
 
-    from ..operator.settings import OperatorSettings
-
     for variable, value in flags.items():
         if value is not None:
             os.environ[variable.upper()] = value
@@ -253,9 +296,17 @@ def run(standalone: bool, **flags: str | None) -> None:
 
 
 @main.command("cleanup-webhooks")
-@click.option("--name", required=True, help="Name of the webhook configurations (AP_WEBHOOK_CONFIG_NAME).")
+@click.option("--name", envvar="AP_WEBHOOK_CONFIG_NAME", default=_DEFAULT_WEBHOOK_CONFIG_NAME, show_default=True,
+              help="Name of both webhook configurations [env AP_WEBHOOK_CONFIG_NAME].")
 def cleanup_webhooks(name: str) -> None:
-    """Delete the operator's webhook configurations (uninstall). Absent ones are fine."""
+    """Delete the operator's webhook configurations (uninstall). Absent ones are fine.
+
+    Without --name, the name `admission-policy run` uses: AP_WEBHOOK_CONFIG_NAME, else the
+    default. A Helm install names them after its release; list them with:
+
+    \b
+      kubectl get validatingwebhookconfigurations -l app.kubernetes.io/managed-by=admission-policy-operator
+    """
     import asyncio
 
     from ..operator.kube import new_api_client

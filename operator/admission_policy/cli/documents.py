@@ -11,7 +11,8 @@ from typing import Any
 import yaml
 
 from .. import api
-from ..engine import CompiledPolicy, PolicyCompileError, compile_policy
+from ..engine import CompiledPolicy, PolicyCompileError
+from ..operator.store import load_policy
 
 SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -30,8 +31,12 @@ class Document:
         return str(self.body.get("kind", "")) if isinstance(self.body, Mapping) else ""
 
 
-def read_documents(path: Path | str) -> list[Document]:
-    """All YAML/JSON documents of a file ("-" is standard input)."""
+def read_documents(path: Path | str, *, allow_empty: bool = True) -> list[Document]:
+    """All YAML/JSON documents of a file ("-" is standard input).
+
+    ``allow_empty=False`` is for a file named on purpose: one that holds nothing is a mistake (a
+    wrong path, an unsaved buffer) worth a line of its own, not a vague "nothing found" later.
+    """
     name = str(path)
     try:
         text = sys.stdin.read() if name == "-" else Path(path).read_text(encoding="utf-8")
@@ -46,9 +51,18 @@ def read_documents(path: Path | str) -> list[Document]:
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise InputError(f"{name}{where}: not valid YAML or JSON: {problem}") from None
+    if not bodies and not allow_empty:
+        raise InputError(f"{name}: the file is empty (no YAML or JSON document in it)")
     if len(bodies) == 1:
         return [Document(name, bodies[0])]
     return [Document(f"{name}#{i + 1}", body) for i, body in enumerate(bodies)]
+
+
+def documents_in(root: Path | str, *, allow_empty: bool = False) -> Iterator[Document]:
+    """The documents of a file (not empty, unless allowed), or of every file under a directory."""
+    allow_empty = allow_empty or Path(root).is_dir()
+    for file in walk(Path(root)):
+        yield from read_documents(file, allow_empty=allow_empty)
 
 
 def walk(path: Path) -> Iterator[Path]:
@@ -62,30 +76,46 @@ def walk(path: Path) -> Iterator[Path]:
 
 
 def load_policies(paths: Iterable[Path | str], default_failure_policy: api.FailurePolicy = "Fail",
-                  ) -> list[CompiledPolicy]:
+                  *, allow_empty: bool = False) -> list[CompiledPolicy]:
     """Compiled AdmissionPolicies from files and directories (other kinds are skipped)."""
     policies: dict[str, tuple[str, CompiledPolicy]] = {}
     for root in paths:
-        for file in walk(Path(root)):
-            for document in read_documents(file):
-                if document.kind != api.KIND:
-                    continue
-                policy = compile_document(document, default_failure_policy)
-                if policy.name in policies:
-                    raise InputError(f"{document.source}: AdmissionPolicy {policy.name!r} is also defined "
-                                     f"in {policies[policy.name][0]}")
-                policies[policy.name] = (document.source, policy)
+        for document in documents_in(root, allow_empty=allow_empty):
+            if document.kind != api.KIND:
+                continue
+            policy = compile_document(document, default_failure_policy)
+            if policy.name in policies:
+                raise InputError(duplicate_policy(document, policy.name, policies[policy.name][0]))
+            policies[policy.name] = (document.source, policy)
     return [policy for _, policy in policies.values()]
 
 
 def compile_document(document: Document, default_failure_policy: api.FailurePolicy = "Fail") -> CompiledPolicy:
+    """Parse and compile a policy with the function the operator's validating webhook calls, so
+    what it refuses here is what `kubectl apply` would refuse."""
     try:
-        return compile_policy(api.parse_policy(document.body, default_failure_policy=default_failure_policy))
-    except api.PolicyError as exc:
-        raise InputError(f"{document.source}: invalid AdmissionPolicy: {exc}") from None
-    except PolicyCompileError as exc:
-        lines = [f"{document.source}: AdmissionPolicy {exc.policy!r}: {error}" for error in exc.errors]
-        raise InputError("\n".join(lines)) from None
+        return load_policy(document.body, default_failure_policy)
+    except (api.PolicyError, PolicyCompileError) as exc:
+        raise InputError("\n".join(_compile_error_lines(document, exc))) from None
+
+
+def _compile_error_lines(document: Document, error: api.PolicyError | PolicyCompileError) -> list[str]:
+    """One line per problem, each naming the file, the policy, the field path and, for CEL, the column."""
+    if isinstance(error, PolicyCompileError):
+        return [f"{document.source}: AdmissionPolicy {error.policy!r}: {problem}" for problem in error.errors]
+    name = object_name(document.body)
+    return [f"{document.source}: invalid AdmissionPolicy{f' {name!r}' if name else ''}: {error}"]
+
+
+def object_name(body: Any) -> str:
+    """``metadata.name``, or "" for a body too malformed to have one."""
+    metadata = body.get("metadata") if isinstance(body, Mapping) else None
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    return name if isinstance(name, str) else ""
+
+
+def duplicate_policy(document: Document, name: str, first_source: str) -> str:
+    return f"{document.source}: AdmissionPolicy {name!r} is also defined in {first_source}"
 
 
 def dump_json(data: Any) -> str:

@@ -20,11 +20,19 @@ def yaml_diff(before: Any, after: Any, old_name: str = "before", new_name: str =
     return "".join(difflib.unified_diff(old, new, old_name, new_name))
 
 
-def decision_text(title: str, decision: Decision, original: Any) -> str:
+def generated_name_text(name: str) -> str:
+    """Says where a name the object does not carry came from, so no one hunts for it in their files."""
+    return (f"metadata.name {name!r} generated from generateName, as the API server does before "
+            "validating webhooks (offline, a prefix always gets the same name)")
+
+
+def decision_text(title: str, decision: Decision, original: Any, generated_name: str = "") -> str:
     verdict = "ALLOWED" if decision.allowed else f"DENIED ({decision.code} {decision.reason})"
     if decision.allowed and decision.warnings:
         verdict = "ALLOWED with warnings"
     lines = [f"{title}: {verdict}"]
+    if generated_name:
+        lines.append(f"  {generated_name_text(generated_name)}")
     if not decision.outcomes:
         lines.append("  no policy matched")
     for outcome in decision.outcomes:
@@ -40,9 +48,10 @@ def decision_text(title: str, decision: Decision, original: Any) -> str:
     return "\n".join(lines)
 
 
-def decision_json(source: str, decision: Decision) -> dict[str, Any]:
+def decision_json(source: str, decision: Decision, generated_name: str = "") -> dict[str, Any]:
     return {
         "input": source,
+        "generatedName": generated_name or None,
         "allowed": decision.allowed,
         "code": decision.code,
         "reason": decision.reason,
@@ -64,6 +73,8 @@ def suites_text(results: Iterable[SuiteResult]) -> str:
         lines.append(f"{suite.source} ({suite.name})")
         for case in suite.cases:
             lines.append(f"  {'PASS' if case.passed else 'FAIL'}  {case.name}")
+            if case.generated_name:
+                lines.append(f"        {generated_name_text(case.generated_name)}")
             for problem in case.problems:
                 first, *rest = problem.splitlines()
                 lines.append(f"        {first}")
@@ -75,7 +86,7 @@ def suites_json(results: Iterable[SuiteResult]) -> list[dict[str, Any]]:
     return [
         {"suite": s.source, "name": s.name,
          "cases": [{"name": c.name, "passed": c.passed, "problems": list(c.problems),
-                    "decision": decision_json(c.name, c.decision) if c.decision else None}
+                    "decision": decision_json(c.name, c.decision, c.generated_name) if c.decision else None}
                    for c in s.cases]}
         for s in results
     ]

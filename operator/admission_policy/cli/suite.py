@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import api
-from ..engine import Decision, Phase, PolicySet, ReviewError, evaluate, parse_review
+from ..engine import Decision, PolicySet, ReviewError, parse_review
+from .admission import admit
 from .documents import Document, InputError, load_policies, read_documents
 from .report import yaml_diff
 from .requests import build_review, namespace_object
@@ -24,6 +25,7 @@ class CaseResult:
     name: str
     decision: Decision | None
     problems: tuple[str, ...]
+    generated_name: str = ""    # the name the API server would generate from generateName
 
     @property
     def passed(self) -> bool:
@@ -51,7 +53,7 @@ def run_suite(document: Document) -> SuiteResult:
     if policy_paths == ["."]:
         # Only this directory, not the tree below it.
         files = [p for p in sorted(base.iterdir()) if p.suffix in (".yaml", ".yml", ".json")]
-        policies = load_policies(files)
+        policies = load_policies(files, allow_empty=True)    # files picked by suffix, not by name
     else:
         policies = load_policies(base / p for p in policy_paths)
     if not policies:
@@ -69,8 +71,17 @@ def run_suite(document: Document) -> SuiteResult:
         if case_name in seen:
             raise InputError(f"{where}: duplicate case name {case_name!r}")
         seen.add(case_name)
-        results.append(_run_case(policy_set, case, case_name, base, where))
+        results.append(_run_or_fail(policy_set, case, case_name, base, f"cases[{index}]"))
     return SuiteResult(document.source, name, tuple(results))
+
+
+def _run_or_fail(policies: PolicySet, case: Mapping[str, Any], name: str, base: Path, where: str) -> CaseResult:
+    """A case that cannot run (a missing file, a bad field) fails alone: the other cases still run
+    and the report names the suite and this case."""
+    try:
+        return _run_case(policies, case, name, base, where)
+    except InputError as exc:
+        return CaseResult(name, None, (f"cannot run: {exc}",))
 
 
 def _run_case(policies: PolicySet, case: Mapping[str, Any], name: str, base: Path, where: str) -> CaseResult:
@@ -96,11 +107,11 @@ def _run_case(policies: PolicySet, case: Mapping[str, Any], name: str, base: Pat
     namespace = None
     if request.namespace:
         namespace = namespace_object(request.namespace, case.get("namespaceLabels") or {})
-    decision = evaluate(policies, request, namespace, Phase.ALL)
+    decision, generated_name = admit(policies, request, namespace)
     expected_patched = None
     if "patched" in expect:
         expected_patched = _object(expect["patched"], base, f"{where}.expect.patched")
-    return CaseResult(name, decision, tuple(check(decision, expect, expected_patched)))
+    return CaseResult(name, decision, tuple(check(decision, expect, expected_patched)), generated_name)
 
 
 def check(decision: Decision, expect: Mapping[str, Any], patched: Any) -> list[str]:
@@ -144,7 +155,10 @@ def _object(value: Any, base: Path, where: str) -> Any:
         return value
     if not isinstance(value, str):
         raise InputError(f"{where}: must be an object or a file path")
-    documents = read_documents(base / value)
+    try:
+        documents = read_documents(base / value, allow_empty=False)
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}") from None
     if len(documents) != 1 or not isinstance(documents[0].body, Mapping):
         raise InputError(f"{where}: {base / value} must hold exactly one object")
     return documents[0].body

@@ -1,0 +1,83 @@
+"""``admission-policy lint``: compile policies as the operator's webhook does at `kubectl apply`.
+
+For CI pipelines: nothing is evaluated, every file is read even when an earlier one is broken,
+and every problem is one line naming the file, the policy, the field path and the column.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .. import api
+from .documents import Document, InputError, compile_document, duplicate_policy, object_name, read_documents, walk
+
+
+@dataclasses.dataclass(frozen=True)
+class LintResult:
+    source: str                  # the file, or "file#N" for a document of a stream
+    policy: str                  # the policy's name; "" when a file could not be read
+    errors: tuple[str, ...]      # one line each; none when the policy compiles
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def lint_policies(paths: Iterable[str]) -> list[LintResult]:
+    """Every AdmissionPolicy under ``paths``, compiled; a duplicate name is an error, as the
+    cluster would keep only one of them."""
+    seen: dict[str, str] = {}
+    results: list[LintResult] = []
+    for root in paths:
+        results.extend(_lint_root(root, seen))
+    return results
+
+
+def _lint_root(root: str, seen: dict[str, str]) -> list[LintResult]:
+    in_directory = Path(root).is_dir()
+    try:
+        files = list(walk(Path(root)))
+    except InputError as exc:
+        return [LintResult(root, "", (str(exc),))]
+    results: list[LintResult] = []
+    for file in files:
+        try:
+            documents = read_documents(file, allow_empty=in_directory)
+        except InputError as exc:
+            results.append(LintResult(str(file), "", (str(exc),)))
+            continue
+        results.extend(_lint_document(document, seen) for document in documents if document.kind == api.KIND)
+    if not results:
+        results.append(LintResult(root, "", (f"{root}: no AdmissionPolicy found",)))
+    return results
+
+
+def _lint_document(document: Document, seen: dict[str, str]) -> LintResult:
+    name = object_name(document.body)
+    try:
+        policy = compile_document(document)
+    except InputError as exc:
+        return LintResult(document.source, name, tuple(str(exc).splitlines()))
+    if policy.name in seen:
+        return LintResult(document.source, policy.name, (duplicate_policy(document, policy.name, seen[policy.name]),))
+    seen[policy.name] = document.source
+    return LintResult(document.source, policy.name, ())
+
+
+def lint_text(results: list[LintResult]) -> str:
+    lines = []
+    for result in results:
+        if result.ok:
+            lines.append(f"ok     {result.source}: AdmissionPolicy {result.policy!r}")
+        lines.extend(f"error  {error}" for error in result.errors)
+    failed = sum(not result.ok for result in results)
+    lines.append(f"\n{len(results) - failed} compiled, {failed} with errors")
+    return "\n".join(lines)
+
+
+def lint_json(results: list[LintResult]) -> dict[str, Any]:
+    return {"ok": all(result.ok for result in results),
+            "policies": [{"source": r.source, "name": r.policy or None, "ok": r.ok, "errors": list(r.errors)}
+                         for r in results]}
