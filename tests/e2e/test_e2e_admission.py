@@ -23,6 +23,7 @@ from e2e_kube import (
     assert_denied,
     eventually,
     example_object,
+    policy_body,
 )
 from pykube.exceptions import HTTPError
 
@@ -206,3 +207,27 @@ def test_prod_min_replicas_only_in_namespaces_labelled_prod(cluster: Cluster, po
     dev_scaled = cluster.merge_patch(pykube.Deployment, "checkout", {"spec": {"replicas": 0}}, namespace=dev,
                                      subresource="scale")
     assert dev_scaled.ok, str(dev_scaled)
+
+
+def test_a_generate_name_is_filled_in_between_mutation_and_validation(
+        cluster: Cluster, policies: Policies, namespace: Callable[..., str]) -> None:
+    """What the offline CLI models: mutating webhooks see no name on a generateName create, validating
+    webhooks see the generated one (the API server names the object after mutating admission)."""
+    ns = namespace()
+    name = "e2e-generate-name"
+    pods = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE"]}
+    policies.apply(policy_body(
+        name, match={"resources": [pods]},
+        mutations=[{"name": "record", "jsonPatch": [{
+            "op": "add", "path": "/metadata/labels/e2e-name-at-mutation",
+            "valueExpression": "object.metadata.?name.orValue('') == '' ? 'absent' : 'present'"}]}],
+        validations=[{"expression": "object.metadata.name.startsWith(object.metadata.generateName)",
+                      "message": "the validating webhook saw no generated name"}]))
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"generateName": "worker-", "namespace": ns, "labels": {"app": "e2e"}},
+           "spec": {"containers": [{"name": "c", "image": cluster.settings.pod_image}]}}
+    created = eventually(lambda: cluster.create(pykube.Pod, pod, dry_run=True),
+                         lambda a: a.ok and "e2e-name-at-mutation" in a.obj["metadata"]["labels"],
+                         "the generateName pod to be mutated", cluster.settings.timeout)
+    assert created.obj["metadata"]["labels"]["e2e-name-at-mutation"] == "absent"
+    assert re.fullmatch(r"worker-[a-z0-9]{5}", created.obj["metadata"]["name"]), created
