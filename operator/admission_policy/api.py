@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal, TypeAlias, cast
 
@@ -112,15 +113,18 @@ class LabelSelector:
     def is_empty(self) -> bool:
         return not self.match_labels and not self.match_expressions
 
-    def matches(self, labels: Mapping[str, str]) -> bool:
+    def matches(self, labels: Mapping[str, Any]) -> bool:
+        """Labels are strings; any other value (an object may carry anything) matches no value."""
         for key, value in self.match_labels:
             if labels.get(key) != value:
                 return False
         for req in self.match_expressions:
             present = req.key in labels
-            if req.operator == "In" and not (present and labels[req.key] in req.values):
+            label = labels.get(req.key)
+            listed = isinstance(label, str) and label in req.values
+            if req.operator == "In" and not (present and listed):
                 return False
-            if req.operator == "NotIn" and present and labels[req.key] in req.values:
+            if req.operator == "NotIn" and present and listed:
                 return False
             if req.operator == "Exists" and not present:
                 return False
@@ -202,6 +206,13 @@ class AdmissionPolicy:
 
 def parse_policy(obj: Any, *, default_failure_policy: FailurePolicy = "Fail") -> AdmissionPolicy:
     """Turn an AdmissionPolicy object (as stored in the cluster or a file) into typed values."""
+    try:
+        return _parse_policy(obj, default_failure_policy)
+    except RecursionError:   # a merge patch or value copied (recursively) from a very deep object
+        raise PolicyError("spec", "nests too deeply to read (more than about 900 levels)") from None
+
+
+def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionPolicy:
     root = _mapping(obj, "")
     _check_fields(root, "", "")
     if root.get("apiVersion") not in (None, API_VERSION):
@@ -362,7 +373,7 @@ def _parse_mutation(value: Any, path: str, index: int) -> Mutation:
             raise PolicyError(f"{path}.jsonPatch", "needs at least one operation")
         json_patch = tuple(_parse_patch_op(op, f"{path}.jsonPatch[{i}]") for i, op in enumerate(ops))
     else:
-        merge = copy.deepcopy(dict(_mapping(raw["merge"], f"{path}.merge")))
+        merge = _finite(copy.deepcopy(dict(_mapping(raw["merge"], f"{path}.merge"))), f"{path}.merge")
     return Mutation(name, condition, json_patch, merge, cast(MergeMode, merge_mode), path)
 
 
@@ -385,7 +396,8 @@ def _parse_patch_op(value: Any, path: str) -> PatchOperation:
             value_expression = _expression(raw["valueExpression"], f"{path}.valueExpression")
     elif has_value or has_expression:
         raise PolicyError(path, f"op {op} takes no value or valueExpression")
-    return PatchOperation(op, pointer, from_, copy.deepcopy(raw.get("value")), value_expression, path)
+    value = _finite(copy.deepcopy(raw.get("value")), f"{path}.value")
+    return PatchOperation(op, pointer, from_, value, value_expression, path)
 
 
 # Small typed readers: each raises a PolicyError that names the field.
@@ -447,6 +459,28 @@ def _pointer(value: Any, path: str) -> str:
     if not pointer.startswith("/"):
         raise PolicyError(path, f"{pointer!r} is not a JSON pointer (it must start with '/')")
     return pointer
+
+
+def non_finite(value: Any) -> str | None:
+    """"NaN" or "Infinity" when a number in ``value`` is one (JSON has neither; YAML's .nan and
+    .inf, and CEL's double('NaN'), do), else None. Iterative: a value may nest deep."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return "NaN" if math.isnan(item) else "Infinity"
+        if isinstance(item, Mapping):
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+    return None
+
+
+def _finite(value: Any, path: str) -> Any:
+    found = non_finite(value)
+    if found:
+        raise PolicyError(path, f"holds {found}, which is not a JSON number and cannot go into a patch")
+    return value
 
 
 def _type_name(value: Any) -> str:

@@ -1,7 +1,13 @@
 """The CEL environment: compile once per policy, evaluate per request.
 
 cel-expr-python reports most runtime errors as values of type ERROR and a few (the iteration
-budget) as exceptions; both become ``CelEvaluationError`` here, so nothing escapes to callers.
+budget) as exceptions; both, and any other exception (``MemoryError`` included), become
+``CelEvaluationError`` here, so nothing escapes to callers.
+
+A program is compiled (parsed and type-checked) as written, then its ``map``/``filter``
+accumulations are rewritten to cost linear time and memory (``celast.linearize``), and its cost
+is estimated (``celcost``): an expression over ``EXPRESSION_BUDGET`` on a request of
+``REFERENCE`` sizes is refused at compile time, so at ``kubectl apply``.
 """
 from __future__ import annotations
 
@@ -14,13 +20,25 @@ from typing import Any, Final, Literal
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 
-from . import quantity
+from . import celast, celcost, quantity
 from .api import Expression
 
 VARIABLES: Final = ("object", "oldObject", "request", "namespaceObject", "variables")
 ResultKind = Literal["bool", "string", "any"]
 
-_LOCATION = re.compile(r"<input>:(\d+):(\d+): (.*)")
+# Compile-time cost check: every expression's estimate (``celcost``, about Kubernetes' cost units)
+# for a request whose objects are up to 16 KiB with up to 256 items in a list or map (a large Pod,
+# say) must stay within EXPRESSION_BUDGET, about a tenth of a second of the slowest operations.
+REFERENCE: Final = celcost.Sizes(size=16_384, items=256)
+EXPRESSION_BUDGET: Final = 10_000_000
+# Runtime: all of a policy's expressions together, for the request at hand (checked before the
+# policy runs, when the request is larger than REFERENCE; see engine/evaluation.py).
+POLICY_BUDGET: Final = 50_000_000
+# The parser's nesting limit (cel-cpp's default): parentheses, calls, operators in a chain.
+PARSER_DEPTH: Final = 32
+
+_LOCATION = re.compile(r"<input>:(-?\d+):(-?\d+): (.*)")
+_RECURSION = re.compile(r"recursion (limit|depth)", re.IGNORECASE)
 _VARIABLE_REFERENCE = re.compile(r"\bvariables\s*\.\s*([A-Za-z_][A-Za-z0-9_]*)")
 _WHOLE_VARIABLES = re.compile(r"\bvariables\b(?!\s*\.)")
 
@@ -99,7 +117,10 @@ _TIERS: Final = 3
 
 
 @functools.cache
-def _environment(tier: int) -> cel.Env:
+def _environment(tier: int, runtime: bool = False) -> cel.Env:
+    """The environment expressions are checked in; ``runtime``: the same plus cel's ``lists``
+    extension, whose ``flatten()`` linearized programs call (users cannot: their expressions
+    are checked without it, and ``lists.range(n)`` would allocate whatever n says)."""
     extensions: list[cel.CelExtensionBase] = [ext_strings.ExtStrings(), ext_optional.ExtOptional(),
                                               ext_bindings.ExtBindings()]
     if tier >= 1:
@@ -107,7 +128,25 @@ def _environment(tier: int) -> cel.Env:
         extensions += [ext_encoders.ExtEncoders(), ext_math.ExtMath()]
     if tier >= 2:
         extensions.append(_kubernetes_library())
-    return cel.NewEnv(variables={name: cel.Type.DYN for name in VARIABLES}, extensions=extensions)
+    config = cel.NewEnvConfigFromYaml("extensions:\n  - name: lists\n") if runtime else None
+    return cel.NewEnv(config=config, variables={name: cel.Type.DYN for name in VARIABLES}, extensions=extensions)
+
+
+def _build(source: str, tier: int) -> tuple[Any, celast.Checked]:
+    """The program to run, and the tree it was checked as (for estimates)."""
+    checked_program = _environment(tier).compile(source)
+    serialized = checked_program.serialize()
+    tree, linear = celast.Checked.decode(serialized), celast.Checked.decode(serialized)
+    if not celast.linearize(linear):
+        return checked_program, tree
+    return _environment(tier, runtime=True).deserialize(linear.encode()), tree
+
+
+@functools.lru_cache(maxsize=256)
+def _tree(source: str, tier: int) -> celast.Checked:
+    """The checked tree of an expression, for the estimates of requests larger than REFERENCE
+    (rebuilt rather than held: a thousand policies' trees would take tens of MB)."""
+    return celast.Checked.decode(_environment(tier).compile(source).serialize())
 
 
 @dataclasses.dataclass(eq=False)
@@ -123,6 +162,8 @@ class CompiledExpression:
     kind: ResultKind
     variables: frozenset[str] | None  # None: reads the whole ``variables`` map
     tier: int = 0                     # the environment it compiles in
+    cost: float = 0.0                 # estimated for a request of REFERENCE sizes
+    result: celcost.Value = celcost.SCALAR   # what it returns, estimated likewise
 
     @property
     def path(self) -> str:
@@ -131,17 +172,31 @@ class CompiledExpression:
     def release(self) -> None:
         self.program = None
 
+    def estimate(self, sizes: celcost.Sizes,
+                 variables: Mapping[str, celcost.Value] | None = None) -> tuple[float, celcost.Value]:
+        """(cost, result) for a request of at most ``sizes`` (``celcost``)."""
+        return celcost.estimate(_tree(self.expression.source, self.tier), sizes, variables)
+
     def evaluate(self, activation: Any) -> Any:
         """The plain Python result, or CelEvaluationError; never another exception."""
+        # The error is raised after the ``except`` blocks, not inside them: raised there, it would
+        # keep the C++ core's exception as its context, whose traceback holds the activation
+        # (and its arena, megabytes for a large object) in a reference cycle until a full GC.
+        problem: str | None = None
         try:
             if self.program is None:
-                self.program = _environment(self.tier).compile(self.expression.source)
+                self.program = _build(self.expression.source, self.tier)[0]
             result = self.program.eval(activation)
-        except RuntimeError as exc:
-            raise CelEvaluationError(self.path, _clean(str(exc))) from None
-        if result.type() == cel.Type.ERROR:
-            raise CelEvaluationError(self.path, _clean(str(result.value())))
-        value = result.plain_value()
+            failed = result.type() == cel.Type.ERROR
+            value = str(result.value()) if failed else result.plain_value()
+        except MemoryError:
+            problem = "ran out of memory (the expression builds too much)"
+        except Exception as exc:   # RuntimeError from the C++ core, and anything else: never escapes
+            problem = explain(_clean(str(exc)))
+        if problem is None and failed:
+            problem = explain(_clean(value))
+        if problem is not None:
+            raise CelEvaluationError(self.path, problem)
         if self.kind == "bool" and not isinstance(value, bool):
             raise CelEvaluationError(self.path, f"must evaluate to a bool, got {type(value).__name__}")
         if self.kind == "string" and not isinstance(value, str):
@@ -157,21 +212,45 @@ _EXPECTED_TYPES: Final[Mapping[ResultKind, tuple[cel.Type, ...]]] = {
 }
 
 
-def compile_expression(expression: Expression, kind: ResultKind = "any") -> CompiledExpression:
-    """Parse and type-check once; errors name the field path and the column."""
+def compile_expression(expression: Expression, kind: ResultKind = "any", *,
+                       variables: Mapping[str, celcost.Value] | None = None,
+                       budget: float = EXPRESSION_BUDGET) -> CompiledExpression:
+    """Parse and type-check once; errors name the field path and the column.
+
+    ``variables``: the estimated results of the policy variables it may read (see ``celcost``);
+    an expression whose estimated cost for a request of REFERENCE sizes is over ``budget`` is
+    refused like one that does not compile.
+    """
     for tier in range(_TIERS):
         try:
-            program = _environment(tier).compile(expression.source)
+            program, tree = _build(expression.source, tier)
             break
         except RuntimeError as exc:
             if tier == _TIERS - 1:   # the fullest environment's message says what is wrong
                 line, column, message = _locate(str(exc))
                 raise CelCompileError(expression.path, message, line, column) from None
+        except celast.AstError as exc:   # a program cel-expr-python serialised in a way not known here
+            raise CelCompileError(expression.path, f"cannot be analysed for cost: {exc}") from None
     if kind in _EXPECTED_TYPES:
         returned = program.return_type()
         if not any(returned == allowed for allowed in _EXPECTED_TYPES[kind]):
             raise CelCompileError(expression.path, f"must evaluate to a {kind}, but its type is {returned}")
-    return CompiledExpression(expression, program, kind, referenced_variables(expression.source), tier)
+    cost, result = celcost.estimate(tree, REFERENCE, variables)
+    if cost > budget:
+        raise CelCompileError(expression.path, over_budget(cost, budget))
+    return CompiledExpression(expression, program, kind, referenced_variables(expression.source), tier,
+                              cost, result)
+
+
+def over_budget(cost: float, budget: float) -> str:
+    return (f"estimated cost {_amount(cost)} exceeds the budget of {_amount(budget)} per expression (for a "
+            f"request of {REFERENCE.size // 1024} KiB with {REFERENCE.items:.0f} items per list: see "
+            "'Writing policies' in the README); an expression that grows a value at each step, or loops "
+            "inside loops, costs too much")
+
+
+def _amount(cost: float) -> str:
+    return "unbounded" if cost == float("inf") else f"{cost:,.0f}"
 
 
 def referenced_variables(source: str) -> frozenset[str] | None:
@@ -188,18 +267,46 @@ def new_activation(data: Mapping[str, Any]) -> Any:
 
 def _locate(error: str) -> tuple[int | None, int | None, str]:
     """Pull (line, column, message) from the compiler's "<input>:L:C: msg" text."""
-    messages = []
+    if _RECURSION.search(error):   # reported at no position ("<input>:-1:-1"), or with none at all
+        return None, None, (f"nests too deeply: CEL's parser allows {PARSER_DEPTH} levels of parentheses, "
+                            "calls and chained operators (each + in a + b + c … is one more); split it into "
+                            "spec.variables")
+    messages: list[str] = []
     position: tuple[int, int] | None = None
     for line in error.splitlines():
         found = _LOCATION.search(line)
         if found:
-            if position is None:
+            if position is None and int(found[1]) > 0:
                 position = (int(found[1]), int(found[2]))
-            messages.append(_clean(found[3]))
+            if _clean(found[3]) not in messages:
+                messages.append(_clean(found[3]))
     if not messages:
         return None, None, _clean(error)
-    assert position is not None
-    return position[0], position[1], "; ".join(messages)
+    return (*(position or (None, None)), "; ".join(messages))
+
+
+# What a runtime error means for the policy's author, by the C++ core's wording.
+_HINTS: Final = (
+    (re.compile(r"no such key|key not found", re.IGNORECASE),
+     "the field is absent: test it with has(x.field), or read it with x.?field.orValue(default)"),
+    (re.compile(r"non-message type|null_type|on null|of null", re.IGNORECASE),
+     "a field was read from a value that is not an object; often null: object is null on DELETE, oldObject "
+     "on CREATE, namespaceObject for cluster-scoped objects"),
+    (re.compile(r"no matching overload", re.IGNORECASE),
+     "the operands' types do not go together: compare like types (convert with int(), double() or string())"),
+    (re.compile(r"iteration budget", re.IGNORECASE),
+     f"more than {celcost.ITERATION_LIMIT:,} loop steps in one evaluation, loops within loops counted"),
+    (re.compile(r"index error|index out of (range|bounds)|invalid index", re.IGNORECASE),
+     "no item at that index: check size() first"),
+)
+
+
+def explain(message: str) -> str:
+    """The runtime's message, with what it usually means for the expression's author."""
+    for pattern, hint in _HINTS:
+        if pattern.search(message):
+            return f"{message} ({hint})"
+    return message
 
 
 def _clean(message: str) -> str:

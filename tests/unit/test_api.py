@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 
 from admission_policy.api import PolicyError, parse_policy
+from admission_policy.cel import POLICY_BUDGET
 from admission_policy.engine import PolicyCompileError, compile_policy
 from admission_policy.quantity import QuantityError, format_quantity, parse_quantity
 
@@ -104,3 +105,62 @@ def test_bad_quantities(text: str) -> None:
 @pytest.mark.parametrize(("value", "text"), [(8.0, "8"), (7.8, "7800m"), (0.25, "250m"), (1e-7, "100n")])
 def test_format_quantity(value: float, text: str) -> None:
     assert format_quantity(value) == text
+
+
+# --- issue 18: cost limits at compile time; malformed values --------------------------------------------
+
+def doubling(times: int, start: str = "'ab'") -> str:
+    """cel.bind(x0, 'ab', cel.bind(x1, x0 + x0, …)): a string 2**times as long."""
+    expression = f"x{times - 1}.size() > 0"
+    for i in reversed(range(times)):
+        expression = f"cel.bind(x{i}, {start if i == 0 else f'x{i - 1} + x{i - 1}'}, {expression})"
+    return expression
+
+
+def test_an_expression_that_could_stall_the_server_is_refused_at_compile_time() -> None:
+    """Issue 18: 25 nested string doublings compiled and went Active (~2 s and GBs per Pod)."""
+    with pytest.raises(PolicyCompileError) as caught:
+        compile_policy(parse_policy(body(validations=[{"expression": "true"}, {"expression": doubling(25)}])))
+    (error,) = caught.value.errors
+    assert error.path == "spec.validations[1].expression"
+    assert "estimated cost" in error.message and "exceeds the budget of 10,000,000 per expression" in error.message
+    assert "16 KiB" in error.message
+    compile_policy(parse_policy(body(validations=[{"expression": doubling(10)}])))   # 2 kB: fine
+
+
+def test_a_policy_whose_expressions_together_are_over_budget_is_refused() -> None:
+    # ~1.5 million each, for a request of the reference sizes: one is fine, 70 are not.
+    assert POLICY_BUDGET < 70 * 1_500_000
+    expensive = {"expression":
+                 "object.spec.containers.all(c, object.spec.containers.exists(d, c.name.contains(d.name)))"}
+    compile_policy(parse_policy(body(validations=[expensive])))
+    with pytest.raises(PolicyCompileError) as caught:
+        compile_policy(parse_policy(body(validations=[expensive] * 70)))
+    assert caught.value.errors[0].path == "spec"
+    assert f"over the budget of {POLICY_BUDGET:,} per policy" in caught.value.errors[0].message
+
+
+def test_variables_carry_their_estimated_size_to_the_expressions_that_read_them() -> None:
+    variables = [{"name": f"v{i}", "expression": f"variables.v{i - 1} + variables.v{i - 1}" if i else "'ab'"}
+                 for i in range(26)]
+    with pytest.raises(PolicyCompileError) as caught:
+        compile_policy(parse_policy(body(variables=variables, validations=[{"expression": "variables.v25 != ''"}])))
+    assert any("exceeds the budget" in error.message for error in caught.value.errors)
+
+
+def test_too_deep_nesting_is_explained_not_located_at_minus_one() -> None:
+    for expression in ["(" * 40 + "1" + ")" * 40 + " == 1", "1" + " + 1" * 40 + " > 0"]:
+        with pytest.raises(PolicyCompileError) as caught:
+            compile_policy(parse_policy(body(validations=[{"expression": expression}])))
+        text = str(caught.value)
+        assert "-1" not in text and "nests too deeply" in text and "spec.variables" in text
+
+
+@pytest.mark.parametrize(("mutation", "path"), [
+    ({"merge": {"spec": {"x": float("nan")}}}, "spec.mutations[0].merge"),
+    ({"jsonPatch": [{"op": "add", "path": "/a", "value": [float("inf")]}]}, "spec.mutations[0].jsonPatch[0].value"),
+])
+def test_a_patch_value_that_is_not_a_json_number_is_refused(mutation: dict[str, Any], path: str) -> None:
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(body(mutations=[mutation]))
+    assert caught.value.path == path and "not a JSON number" in caught.value.message

@@ -318,3 +318,34 @@ def test_readme_documents_every_command_and_troubleshooting() -> None:
     for words in ('"path":"/metadata/finalizers"', "policy-operator.dev/exempt=true", "cleanup-webhooks",
                   "app.kubernetes.io/managed-by=admission-policy-operator", "failurePolicy"):
         assert words in troubleshooting, words
+
+
+def test_a_deeply_nested_object_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Issue 18: a 500-deep object printed a RecursionError traceback (YAML parses recursively)."""
+    lines = ["apiVersion: v1", "kind: Pod", "metadata: {name: deep, namespace: default}", "spec:"]
+    lines += ["  " * (level + 1) + "d:" for level in range(500)] + ["  " * 501 + "x: 1"]
+    (tmp_path / "deep.yaml").write_text("\n".join(lines) + "\n")
+    code, out, err = run("test", "-p", str(OFFENSIVE / "policy.yaml"), str(tmp_path / "deep.yaml"))
+    assert code == 2
+    assert err.strip().count("\n") == 0 and "deep.yaml" in err and "nested too deeply" in err
+    assert "Traceback" not in out + err
+    # The same depth as JSON is read (JSON's reader goes deeper) and evaluated.
+    deep: dict[str, object] = {}
+    node = deep
+    for _ in range(500):
+        node["d"] = node = {}
+    obj = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "deep", "namespace": "default"}, "spec": deep}
+    (tmp_path / "deep.json").write_text(json.dumps(obj))
+    code, out, err = run("test", "-p", str(OFFENSIVE / "policy.yaml"), str(tmp_path / "deep.json"))
+    assert code == 0, out + err
+    assert "ALLOWED" in out
+
+
+def test_an_evaluation_error_is_printed_once(tmp_path: Path) -> None:
+    policy = write_policy(tmp_path / "policy.yaml", "labels", validations=[
+        {"expression": "object.metadata.labels.team == 'a'"}])
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "d"}}))
+    _, out, _ = run("test", "-p", str(policy), str(pod))
+    assert out.count('Key not found in map : "labels"') == 1, out
+    assert "field is absent" in out

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from typing import Any
 
@@ -9,6 +10,7 @@ import jsonpatch
 import pytest
 
 from admission_policy.api import parse_policy
+from admission_policy.cel import POLICY_BUDGET
 from admission_policy.engine import (
     Phase,
     PolicySet,
@@ -571,3 +573,222 @@ def test_every_example_policy_with_validations_runs_as_one_program() -> None:
     policies = [p for p in load_policies([examples]) if p.validations]
     assert len(policies) >= 10
     assert [p.name for p in policies if p.validation_batch is None] == []
+
+
+# --- issue 18: cost, memory, deadlines, malformed input (evaluate never raises) -----------------------
+
+def wide_pod(containers: int) -> dict[str, Any]:
+    return pod(containers=[{"name": f"c{i}", "image": "i"} for i in range(containers)])
+
+
+def test_map_and_filter_results_are_unchanged_by_linear_accumulation() -> None:
+    """The rewritten accumulation (celast.linearize) gives the same items in the same order, on
+    both sides of its chunk size, nested, with filters whose conditions loop over maps."""
+    cases = {
+        "object.spec.containers.map(c, c.name)": lambda names: names,
+        "object.spec.containers.filter(c, int(c.name.substring(1)) % 3 == 0).map(c, c.name)":
+            lambda names: [n for n in names if int(n[1:]) % 3 == 0],
+        "object.spec.containers.map(c, int(c.name.substring(1)) % 2 == 0, [c.name, c.image])":
+            lambda names: [[n, "i"] for n in names if int(n[1:]) % 2 == 0],
+        "object.spec.containers.filter(c, c.exists(k, k == 'image')).map(c, c.name + '!')":
+            lambda names: [n + "!" for n in names],
+        "object.spec.containers.map(c, object.spec.containers.filter(d, d.name < c.name).size())":
+            lambda names: [sum(other < n for other in names) for n in names],
+    }
+    p = policy(mutations=[{"name": f"m{i}", "jsonPatch": [{"op": "add", "path": f"/spec/r{i}", "valueExpression": e}]}
+                          for i, e in enumerate(cases)])
+    for count in (0, 1, 31, 32, 33, 65):
+        decision = decide([p], request(wide_pod(count)))
+        names = [f"c{i}" for i in range(count)]
+        spec = decision.patched_object["spec"]
+        assert [spec[f"r{i}"] for i in range(len(cases))] == [expected(names) for expected in cases.values()]
+
+
+def _peak_rss_growth_mb(code: str) -> float:
+    """Peak RSS growth (MB) while a fresh interpreter runs ``code`` after the imports."""
+    import subprocess
+    import sys
+    script = (
+        "import resource, sys\n"
+        "from admission_policy import api\n"
+        "from admission_policy.engine import PolicySet, compile_policy, evaluate, parse_review\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        f"{code}\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)\n")
+    return float(subprocess.run([sys.executable, "-c", script], check=True, capture_output=True,
+                                text=True).stdout.strip().splitlines()[-1])
+
+
+def test_a_map_over_5000_items_takes_memory_linear_in_the_items() -> None:
+    """Issue 18: `object.spec.containers.map(c, c.name)` on 5,000 containers took 442 MB (each
+    append copied the list, and nothing was freed before the end). Linear, it is a few MB."""
+    grown = _peak_rss_growth_mb(
+        "body = {'apiVersion': 'policy-operator.dev/v1alpha1', 'kind': 'AdmissionPolicy', 'metadata': {'name': 'p'},"
+        " 'spec': {'match': {'resources': [{'apiGroups': [''], 'apiVersions': ['v1'], 'resources': ['pods'],"
+        " 'operations': ['CREATE']}]}, 'validations': [{'expression': 'object.spec.containers.map(c, c.name)"
+        ".size() >= 0'}]}}\n"
+        "pod = {'metadata': {'name': 'w'}, 'spec': {'containers': [{'name': f'c{i}', 'image': 'i'}"
+        " for i in range(5000)]}}\n"
+        "review = {'kind': 'AdmissionReview', 'request': {'uid': '1', 'operation': 'CREATE', 'object': pod,"
+        " 'resource': {'group': '', 'version': 'v1', 'resource': 'pods'}}}\n"
+        "decision = evaluate(PolicySet([compile_policy(api.parse_policy(body))]), parse_review(review))\n"
+        "assert decision.allowed, decision.message")
+    assert grown < 60, f"peak RSS grew {grown:.0f} MB"
+
+
+def test_estimated_cost_of_a_map_grows_linearly_with_the_items() -> None:
+    from admission_policy import cel, celcost
+    from admission_policy.api import Expression
+    compiled = cel.compile_expression(Expression("object.spec.containers.map(c, c.name).size() >= 0", "p"))
+    small, _ = compiled.estimate(celcost.Sizes(10_000, 1_000))
+    large, _ = compiled.estimate(celcost.Sizes(20_000, 2_000))
+    assert 1.9 < large / small < 2.1
+
+
+def test_a_deadline_gives_the_policy_at_hand_its_failure_policy_answer() -> None:
+    ticks = iter(range(100))
+
+    def clock() -> float:
+        return float(next(ticks))
+
+    fail = policy("a-fail", validations=[{"expression": "true"}, {"expression": "true"}])
+    ignore = policy("b-ignore", failurePolicy="Ignore", validations=[{"expression": "true"}])
+    decision = evaluate(PolicySet([fail, ignore]), request(pod()), deadline=1.5, clock=clock)
+    assert not decision.allowed
+    assert 'AdmissionPolicy "a-fail" could not evaluate the request: evaluation deadline exceeded' in decision.message
+    assert "b-ignore" not in decision.message
+    outcome = {o.policy: o for o in decision.outcomes}
+    assert outcome["b-ignore"].errors and "deadline exceeded" in outcome["b-ignore"].errors[0]
+    assert not outcome["b-ignore"].denied
+    # Without a deadline, or before it, nothing changes.
+    assert evaluate(PolicySet([fail, ignore]), request(pod())).allowed
+    assert evaluate(PolicySet([fail, ignore]), request(pod()), deadline=1e9, clock=clock).allowed
+
+
+def test_a_policy_too_costly_for_a_large_request_gets_its_failure_policy_answer() -> None:
+    """Each item is searched for in a 3 MB string: fine at the compile-time reference sizes, far
+    over the runtime budget on this request; refused before it runs, not after."""
+    check = {"expression": "object.spec.containers.all(c, !object.metadata.annotations.blob.contains(c.name))"}
+    big = wide_pod(5_000)
+    big["metadata"]["annotations"] = {"blob": "x" * 3_000_000}
+    for failure_policy, allowed in (("Fail", False), ("Ignore", True)):
+        p = policy(failurePolicy=failure_policy, validations=[check])
+        decision = decide([p], request(big))
+        assert decision.allowed is allowed
+        (outcome,) = decision.outcomes
+        assert "the request is too large for this policy" in outcome.errors[0]
+        assert f"over the budget of {POLICY_BUDGET:,}" in outcome.errors[0]
+        assert decision.evaluations == 0
+    small = wide_pod(3)
+    small["metadata"]["annotations"] = {"blob": "x"}
+    assert decide([policy(validations=[check])], request(small)).allowed
+
+
+def test_an_object_too_deep_for_cel_is_an_evaluation_error_not_a_crash() -> None:
+    """The API server accepts custom resources 10,000 levels deep; CEL's C++ conversion of one
+    overflowed the stack and killed the process (tested in a child process for that reason)."""
+    import subprocess
+    import sys
+    script = (
+        "from admission_policy import api\n"
+        "from admission_policy.engine import PolicySet, compile_policy, evaluate, parse_review\n"
+        "body = {'apiVersion': 'policy-operator.dev/v1alpha1', 'kind': 'AdmissionPolicy', 'metadata': {'name': 'p'},"
+        " 'spec': {'match': {'resources': [{'apiGroups': ['*'], 'apiVersions': ['*'], 'resources': ['*'],"
+        " 'operations': ['*']}]}, 'validations': [{'expression': 'has(object.spec)'}]}}\n"
+        "deep = {}\n"
+        "node = deep\n"
+        "for _ in range(10_000):\n"
+        "    node['a'] = {}\n"
+        "    node = node['a']\n"
+        "review = {'kind': 'AdmissionReview', 'request': {'uid': '1', 'operation': 'CREATE',"
+        " 'object': {'metadata': {'name': 'w'}, 'spec': deep},"
+        " 'resource': {'group': 'x.io', 'version': 'v1', 'resource': 'things'}}}\n"
+        "decision = evaluate(PolicySet([compile_policy(api.parse_policy(body))]), parse_review(review))\n"
+        "print(decision.allowed, decision.message)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-500:]
+    assert done.stdout.startswith("False") and "nests deeper than 2,000 levels" in done.stdout
+
+
+def test_memory_error_from_cel_is_an_evaluation_error() -> None:
+    p = policy(validations=[{"expression": "object.metadata.name.size() > 0"}])
+
+    class Exhausted:
+        def eval(self, activation: Any) -> Any:
+            raise MemoryError("std::bad_alloc")
+
+    p.validations[0].check.program = Exhausted()
+    assert p.validation_batch is not None
+    p.validation_batch.program = Exhausted()
+    decision = decide([p], request(pod()))
+    assert not decision.allowed
+    assert "ran out of memory" in decision.message
+
+
+@pytest.mark.parametrize("metadata", [[0], "text", 7, {"labels": [0]}, {"labels": {"team": ["a"]}}])
+def test_any_shape_of_metadata_is_evaluated_without_raising(metadata: Any) -> None:
+    selector = {"objectSelector": {"matchExpressions": [{"key": "team", "operator": "In", "values": ["a"]}]},
+                "namespaceSelector": {"matchLabels": {"env": "prod"}}}
+    p = policy(match=selector, validations=[{"expression": "true"}],
+               mutations=[{"name": "m", "merge": {"spec": {"x": 1}}}])
+    obj = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {}}
+    namespace_object = {"metadata": metadata}
+    # As a caller may build it: parse_review refuses such metadata, evaluate() must not need it to.
+    malformed = dataclasses.replace(request(pod()), object=obj, old_object=obj)
+    decision = evaluate(PolicySet([p]), malformed, namespace_object)
+    assert decision.allowed and decision.code == 200
+
+
+def test_a_mutation_of_a_very_deep_object_produces_its_patch() -> None:
+    """Issue 18: an 800-deep container field made the patch diff raise RecursionError."""
+    obj = pod()
+    node = obj["spec"]["containers"][0]
+    for _ in range(800):
+        node["x"] = {}
+        node = node["x"]
+    p = policy(mutations=[{"name": "label", "merge": {"metadata": {"labels": {"a": "b"}}}},
+                          {"name": "deep", "jsonPatch": [{"op": "add", "path": "/spec/containers/0" + "/x" * 800 + "/y",
+                                                          "value": 1}]}])
+    decision = decide([p], request(obj))
+    assert decision.allowed, decision.message
+    assert {op["path"] for op in decision.patch} == {"/metadata/labels", "/spec/containers/0" + "/x" * 800 + "/y"}
+
+
+@pytest.mark.parametrize("expression", ["double('NaN')", "{'a': [1.0 / 0.0]}", "-1.0 / 0.0"])
+def test_a_mutation_value_that_is_not_a_json_number_is_an_evaluation_error(expression: str) -> None:
+    for failure_policy, allowed in (("Fail", False), ("Ignore", True)):
+        value = f"{{'x': string(1), 'y': {expression}}}"
+        p = policy("nan", failurePolicy=failure_policy, mutations=[{"name": "m", "jsonPatch": [
+            {"op": "add", "path": "/metadata/annotations", "valueExpression": value}]}])
+        decision = decide([p], request(pod()))
+        assert decision.allowed is allowed
+        assert not decision.patch
+        (outcome,) = decision.outcomes
+        assert "valueExpression: evaluated to" in outcome.errors[0] and "not a JSON number" in outcome.errors[0]
+        json.dumps(build_response(decision, "u"), allow_nan=False)
+
+
+def test_runtime_errors_say_what_they_usually_mean() -> None:
+    p = policy(failurePolicy="Fail", validations=[
+        {"expression": "object.metadata.labels.team == 'a'"},
+        {"expression": "object.metadata.name < 1"},
+    ])
+    message = decide([p], request(pod())).message
+    assert "field is absent: test it with has(" in message
+    assert "compare like types" in message
+    deleting = policy(rules=[{**POD_RULE, "operations": ["DELETE"]}],
+                      validations=[{"expression": "object.metadata.name != ''"}])
+    assert "object is null on DELETE" in decide([deleting], request(None, operation="DELETE", old=pod())).message
+
+
+def test_an_unexpected_failure_inside_a_policy_never_escapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from admission_policy.engine import evaluation
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise KeyError("boom")
+
+    monkeypatch.setattr(evaluation, "new_activation", broken)
+    for failure_policy, allowed in (("Fail", False), ("Ignore", True)):
+        decision = decide([policy(failurePolicy=failure_policy, validations=[{"expression": "true"}])], request(pod()))
+        assert decision.allowed is allowed
+        assert "internal error: KeyError" in decision.outcomes[0].errors[0]

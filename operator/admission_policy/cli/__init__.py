@@ -251,6 +251,7 @@ _RUN_FLAGS: list[tuple[str, str, str]] = [
      "Host the API server reaches when run outside the cluster (url client config)."),
     ("--advertise-port", "AP_ADVERTISE_PORT", "Port in that url, when not the listen port (e.g. behind a proxy)."),
     ("--webhook-timeout", "AP_WEBHOOK_TIMEOUT", "timeoutSeconds of the webhooks (1-30)."),
+    ("--max-connections", "AP_MAX_CONNECTIONS", "Open webhook connections at most; the longest idle makes room."),
     ("--exempt-namespaces", "AP_EXEMPT_NAMESPACES", "Comma-separated namespaces never sent to the webhooks."),
     ("--default-failure-policy", "AP_DEFAULT_FAILURE_POLICY", "failurePolicy of policies that set none."),
     ("--metrics-port", "AP_METRICS_PORT", "Prometheus port (0 disables)."),
@@ -290,9 +291,20 @@ def run(standalone: bool, **flags: str | None) -> None:
         _fail(exc)
     logging_level = getattr(logging, settings.log_level)
     logging.basicConfig(level=logging_level, format="[%(asctime)s] %(name)-28s [%(levelname)-7s] %(message)s")
+    import warnings
+
+    # Kopf has logged why a start-up handler failed, in one line (e.g. a port in use): exit on it
+    # without Kopf's traceback. (kopf 1.45 does not export ActivityError.)
+    from kopf._core.engines.activities import ActivityError
+
     import admission_policy.operator.handlers  # noqa: F401  (registers the handlers)
 
-    kopf.run(clusterwide=True, standalone=standalone, liveness_endpoint=None)
+    # Kopf leaves its login coroutine unawaited when start-up fails before it: noise, not news.
+    warnings.filterwarnings("ignore", "coroutine 'authenticator' was never awaited", RuntimeWarning)
+    try:
+        kopf.run(clusterwide=True, standalone=standalone, liveness_endpoint=None)
+    except ActivityError:
+        raise SystemExit(1) from None
 
 
 @main.command("cleanup-webhooks")

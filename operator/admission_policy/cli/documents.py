@@ -45,7 +45,10 @@ def read_documents(path: Path | str, *, allow_empty: bool = True) -> list[Docume
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{name}: cannot read: {exc}") from None
     try:
-        bodies = [body for body in yaml.safe_load_all(text) if body is not None]
+        bodies = _parse(text)
+    except RecursionError:
+        raise InputError(f"{name}: nested too deeply to read (YAML here goes about 200 levels deep, "
+                         "JSON about 1,000)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -56,6 +59,17 @@ def read_documents(path: Path | str, *, allow_empty: bool = True) -> list[Docume
     if len(bodies) == 1:
         return [Document(name, bodies[0])]
     return [Document(f"{name}#{i + 1}", body) for i, body in enumerate(bodies)]
+
+
+def _parse(text: str) -> list[Any]:
+    """The documents of a YAML stream; a JSON file is read as JSON first, whose reader nests about
+    five times deeper than PyYAML's (each YAML level takes several Python frames)."""
+    if text.lstrip()[:1] in ("{", "["):
+        try:
+            return [json.loads(text)]
+        except json.JSONDecodeError:
+            pass   # YAML flow style, or not valid: YAML says where
+    return [body for body in yaml.safe_load_all(text) if body is not None]
 
 
 def documents_in(root: Path | str, *, allow_empty: bool = False) -> Iterator[Document]:

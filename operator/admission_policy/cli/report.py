@@ -38,7 +38,8 @@ def decision_text(title: str, decision: Decision, original: Any, generated_name:
     for outcome in decision.outcomes:
         lines.append(f"  {outcome.policy} ({outcome.enforcement}): {outcome.result}")
         lines.extend(f"    - {failure}" for failure in outcome.failures)
-        lines.extend(f"    ! error: {error}" for error in outcome.errors)
+        # Under failurePolicy Fail an error is also a failure: print it once, as the failure.
+        lines.extend(f"    ! error: {error}" for error in outcome.errors if error not in outcome.failures)
     lines.extend(f"  warning: {warning}" for warning in decision.warnings)
     lines.extend(f"  audit {key}: {value}" for key, value in decision.audit_annotations.items())
     if decision.patch:

@@ -6,7 +6,7 @@ Data flows one way: spec → ``compile_policy`` → ``PolicySet`` → ``evaluate
 from .compiler import CompiledPolicy, PolicyCompileError, compile_policy
 from .evaluation import Decision, Phase, PolicyOutcome, evaluate
 from .policyset import PolicySet
-from .request import AdmissionRequest, ReviewError, parse_review
+from .request import AdmissionRequest, ReviewError, decode_review, parse_review
 from .response import build_response, encode_patch, error_response
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "ReviewError",
     "build_response",
     "compile_policy",
+    "decode_review",
     "encode_patch",
     "error_response",
     "evaluate",

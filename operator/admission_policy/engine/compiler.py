@@ -2,10 +2,19 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Iterator
 from typing import Any
 
-from .. import api
-from ..cel import CelCompileError, CompiledExpression, compile_expression, referenced_variables
+from .. import api, celcost
+from ..cel import (
+    POLICY_BUDGET,
+    REFERENCE,
+    CelCompileError,
+    CompiledExpression,
+    compile_expression,
+    referenced_variables,
+)
 
 
 class PolicyCompileError(ValueError):
@@ -47,27 +56,60 @@ class CompiledPolicy:
     mutations: tuple[CompiledMutation, ...]
     validation_batch: CompiledExpression | None = None   # see _validation_batch
     reads_managed_fields: bool = False   # see evaluation._bound
+    # Estimated cost of all expressions by request sizes (rounded up to powers of two): see cost().
+    costs: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def name(self) -> str:
         return self.policy.name
+
+    def expressions(self) -> Iterator[CompiledExpression]:
+        """Every expression a request may run, variables first (in declaration order)."""
+        yield from self.variables.values()
+        for _, condition in self.conditions:
+            yield condition
+        for validation in self.validations:
+            yield validation.check
+            if validation.message is not None:
+                yield validation.message
+        for mutation in self.mutations:
+            if mutation.condition is not None:
+                yield mutation.condition
+            yield from (op.value for op in mutation.operations if op.value is not None)
+
+    def cost(self, sizes: celcost.Sizes) -> float:
+        """What evaluating the whole policy can cost on a request of at most ``sizes`` (``celcost``):
+        every expression once, each variable once. Cached by sizes rounded up to powers of two."""
+        key = (_power_of_two(sizes.size), _power_of_two(sizes.items))
+        if key not in self.costs:
+            if len(self.costs) >= 64:
+                self.costs.clear()
+            self.costs[key] = _estimate_all(self, celcost.Sizes(*key))
+        return self.costs[key]
 
 
 def compile_policy(policy: api.AdmissionPolicy) -> CompiledPolicy:
     """Compile all expressions, collecting every error rather than stopping at the first."""
     errors: list[CelCompileError] = []
 
+    # What each variable returns, estimated, for the expressions that read it (``celcost``).
+    results: dict[str, celcost.Value] = {}
+
     def build(expression: api.Expression | None, kind: Any = "any") -> CompiledExpression | None:
         if expression is None:
             return None
         try:
-            return compile_expression(expression, kind)
+            return compile_expression(expression, kind, variables=results)
         except CelCompileError as exc:
             errors.append(exc)
             return None
 
     conditions = [(c.name, build(c.expression, "bool")) for c in policy.match.conditions]
-    variables = {v.name: build(v.expression) for v in policy.variables}
+    variables: dict[str, CompiledExpression | None] = {}
+    for variable in policy.variables:
+        variables[variable.name] = built = build(variable.expression)
+        # One that failed still counts, as large as the request, for those that read it.
+        results[variable.name] = built.result if built else celcost.Value(math.inf, math.inf)
     validations = [(v, build(v.expression, "bool"), build(v.message_expression, "string"))
                    for v in policy.validations]
     mutations = [(m, build(m.condition, "bool"),
@@ -91,8 +133,30 @@ def compile_policy(policy: api.AdmissionPolicy) -> CompiledPolicy:
             for spec, condition, ops in mutations
         ),
     )
+    total = sum(expression.cost for expression in compiled.expressions())
+    if total > POLICY_BUDGET:
+        raise PolicyCompileError(policy.name, [CelCompileError("spec", (
+            f"the expressions together have an estimated cost of {total:,.0f}, over the budget of "
+            f"{POLICY_BUDGET:,} per policy (for a request of {REFERENCE.size // 1024} KiB with "
+            f"{REFERENCE.items:.0f} items per list: see 'Writing policies' in the README)"))])
     _release_cold_programs(compiled)
     return compiled
+
+
+def _estimate_all(policy: CompiledPolicy, sizes: celcost.Sizes) -> float:
+    results: dict[str, celcost.Value] = {}
+    total = 0.0
+    for name, variable in policy.variables.items():
+        cost, results[name] = variable.estimate(sizes, results)
+        total += cost
+    variables = set(policy.variables.values())
+    return total + sum(expression.estimate(sizes, results)[0]
+                       for expression in policy.expressions() if expression not in variables)
+
+
+def _power_of_two(value: float) -> int:
+    """The least power of two at or above ``value`` (at least 1)."""
+    return 1 << (max(math.ceil(value), 1) - 1).bit_length()
 
 
 def _release_cold_programs(policy: CompiledPolicy) -> None:
@@ -163,8 +227,8 @@ def _validation_batch(policy: api.AdmissionPolicy) -> CompiledExpression | None:
     if policy.match.conditions:
         conditions = " && ".join(f"({c.expression.source}\n)" for c in policy.match.conditions)
         body = f"({conditions}) ? dyn({body}) : false"
-    try:
-        batch = compile_expression(api.Expression(body, "spec.validations"))
+    try:   # its parts are within their budgets; the whole is their sum
+        batch = compile_expression(api.Expression(body, "spec.validations"), budget=math.inf)
     except CelCompileError:
         return None
     return dataclasses.replace(batch, variables=frozenset())   # it binds its own variables

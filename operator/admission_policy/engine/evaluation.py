@@ -3,21 +3,34 @@
 The API server calls mutating webhooks first and validating ones on the final object, so
 ``Phase.ALL`` (the CLI) runs every mutation of every matching policy, in name order, and then
 every validation; the webhook handlers run one phase each.
+
+Before a policy runs, the request must fit it: objects CEL can read (``MAX_DEPTH``), a cost
+within ``POLICY_BUDGET`` for requests larger than the compile-time reference (``celcost``), and
+the caller's deadline not passed (also checked before each expression). Otherwise the policy's
+failurePolicy decides, with a message that says which limit it was.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
 import json
-from collections.abc import Iterator, Mapping
-from typing import Any
+import marshal
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Final
 
-from ..api import REASON_CODES, LabelSelector
-from ..cel import CelEvaluationError, CompiledExpression, new_activation
+from .. import celcost
+from ..api import REASON_CODES, LabelSelector, non_finite
+from ..cel import POLICY_BUDGET, CelEvaluationError, CompiledExpression, new_activation
 from .compiler import CompiledMutation, CompiledPatchOperation, CompiledPolicy, CompiledValidation
 from .patching import PatchError, apply_operation, diff, json_equal, merge
 from .policyset import PolicySet
 from .request import AdmissionRequest
+
+# CEL converts a bound object recursively in C++ on first read: at ~5,000-10,000 levels that
+# overflows the thread's stack (8 MB) and kills the process. The API server accepts custom
+# resources up to 10,000 levels deep, so deeper than this a policy cannot read the object.
+MAX_DEPTH: Final = 2_000
 
 
 class Phase(enum.Enum):
@@ -65,21 +78,39 @@ def evaluate(
     request: AdmissionRequest,
     namespace_object: Mapping[str, Any] | None = None,
     phase: Phase = Phase.ALL,
+    *,
+    deadline: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Decision:
-    """Decide one admission request. Never raises for anything a request or policy contains."""
-    candidates = policies.candidates(request)
-    if not candidates:
-        return Decision(allowed=True, patched_object=request.object)
-    run = _Run(request, namespace_object)
-    if phase in (Phase.MUTATE, Phase.ALL):
-        for policy in candidates:
-            if policy.mutations:
-                run.mutate(policy)
-    if phase in (Phase.VALIDATE, Phase.ALL):
-        for policy in candidates:
-            if policy.validations:
-                run.validate(policy)
-    return run.decision()
+    """Decide one admission request. Never raises for anything a request or policy contains.
+
+    ``deadline``: a time on ``clock`` after which no more CEL runs (checked before each policy and
+    each expression): the policy at hand, and every one after it, gets its failurePolicy answer.
+    The webhook passes one below the API server's timeout, so a slow request still gets an
+    answer in time and stops taking the event loop from the others.
+    """
+    try:
+        candidates = policies.candidates(request)
+        if not candidates:
+            return Decision(allowed=True, patched_object=request.object)
+        run = _Run(request, namespace_object, deadline, clock)
+        if phase in (Phase.MUTATE, Phase.ALL):
+            for policy in candidates:
+                if policy.mutations:
+                    run.guarded(policy, run.mutate)
+        if phase in (Phase.VALIDATE, Phase.ALL):
+            for policy in candidates:
+                if policy.validations:
+                    run.guarded(policy, run.validate)
+        return run.decision()
+    except Exception as exc:   # a defect of ours; still an answer, never a 500
+        return Decision(allowed=False, code=500, reason="InternalError",
+                        message=f"the admission policy engine failed: {type(exc).__name__}: {exc}",
+                        patched_object=request.object)
+
+
+class _Abort(Exception):
+    """Stop evaluating a policy (deadline, cost budget, unreadable object): its failurePolicy decides."""
 
 
 @dataclasses.dataclass
@@ -94,7 +125,8 @@ class _Record:
 class _Run:
     """The state of one request's evaluation across policies."""
 
-    def __init__(self, request: AdmissionRequest, namespace_object: Mapping[str, Any] | None) -> None:
+    def __init__(self, request: AdmissionRequest, namespace_object: Mapping[str, Any] | None,
+                 deadline: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.request = request
         self.namespace_object = namespace_object
         self.object: Any = request.object
@@ -103,6 +135,55 @@ class _Run:
         # Shared by every policy while the object stays the same, keyed by reads_managed_fields:
         # an activation converts each value for CEL once, on first read, and a Pod is ~40 µs.
         self.activations: dict[bool, Any] = {}
+        self.deadline, self.clock = deadline, clock
+        self.started = clock() if deadline is not None else 0.0
+        self._bounds: dict[bool, celcost.Sizes | str] = {}   # see sizes()
+
+    def guarded(self, policy: CompiledPolicy, action: Callable[[CompiledPolicy], None]) -> None:
+        """Run one policy's phase; whatever stops it is an evaluation error of that policy."""
+        try:
+            action(policy)
+        except _Abort as stop:
+            self.abort(policy, str(stop))
+        except Exception as exc:   # never escapes evaluate(): the policy's failurePolicy decides
+            self.abort(policy, f"internal error: {type(exc).__name__}: {exc}")
+
+    def abort(self, policy: CompiledPolicy, message: str) -> None:
+        record = self.record(policy)
+        record.errors.append(message)
+        if policy.policy.failure_policy == "Fail":
+            record.fatal = True
+
+    def check_deadline(self, before: str) -> None:
+        if self.deadline is not None and self.clock() > self.deadline:
+            raise _Abort(f"evaluation deadline exceeded before {before} ({self.clock() - self.started:.2f} s "
+                         "spent on this request; answering now, within the webhook timeout)")
+
+    def admit(self, policy: CompiledPolicy) -> None:
+        """Raise _Abort unless this policy may run on this request (see the module doc)."""
+        self.check_deadline("the policy ran")
+        upper = self.sizes(exact=False)
+        if isinstance(upper, str):
+            raise _Abort(upper)
+        if policy.cost(upper) <= POLICY_BUDGET:
+            return
+        exact = self.sizes(exact=True)
+        assert not isinstance(exact, str)
+        cost = policy.cost(exact)
+        if cost > POLICY_BUDGET:
+            raise _Abort(f"the request is too large for this policy: its estimated cost on objects of "
+                         f"{exact.size:,.0f} characters with up to {exact.items:,.0f} items in a list or map is "
+                         f"{cost:,.0f}, over the budget of {POLICY_BUDGET:,} (see 'Writing policies' in the README)")
+
+    def sizes(self, exact: bool) -> celcost.Sizes | str:
+        """Bounds of what the policies read: the largest bound object's size and, with ``exact``,
+        the most items in one of its lists or maps (else the size bounds both); or why CEL cannot
+        read them. ``marshal`` (C, ~3 µs/kB) bounds the size and the depth; the exact walk is
+        Python, for the requests that need it (large ones, on costly policies)."""
+        if exact not in self._bounds:
+            bodies = (self.object, self.request.old_object, self.namespace_object, self.request.raw)
+            self._bounds[exact] = _measure(bodies, exact)
+        return self._bounds[exact]
 
     def record(self, policy: CompiledPolicy) -> _Record:
         if policy.name not in self.records:
@@ -115,9 +196,6 @@ class _Run:
         record = self.record(policy)
         record.errors.append(text)
         return policy.policy.failure_policy == "Fail"
-
-    def matches(self, policy: CompiledPolicy, scope: _Scope) -> bool:
-        return self.selected(policy) and self.conditions_hold(policy, scope)
 
     def selected(self, policy: CompiledPolicy) -> bool:
         """The checks that need no CEL: excluded namespaces and label selectors."""
@@ -144,8 +222,11 @@ class _Run:
     def mutate(self, policy: CompiledPolicy) -> None:
         if self.object is None:
             return  # DELETE: nothing to mutate, and the API server ignores patches there
+        if not self.selected(policy):
+            return
+        self.admit(policy)
         scope = self.scope(policy)
-        if not self.matches(policy, scope):
+        if not self.conditions_hold(policy, scope):
             return
         record = self.record(policy)
         for mutation in policy.mutations:
@@ -160,6 +241,7 @@ class _Run:
             if changed is not None:
                 self.object = changed
                 self.activations.clear()
+                self._bounds.clear()
                 record.mutated = True
                 scope = self.scope(policy)
 
@@ -187,12 +269,19 @@ class _Run:
             operation["from"] = spec.from_
         if spec.has_value:
             # The policy's own value as is: jsonpatch inserts a deep copy of what it is given.
-            operation["value"] = scope.evaluate(compiled.value) if compiled.value is not None else spec.value
+            if compiled.value is None:
+                operation["value"] = spec.value
+            else:
+                value = operation["value"] = scope.evaluate(compiled.value)
+                if non_finite(value):
+                    raise CelEvaluationError(compiled.value.path, f"evaluated to {non_finite(value)}, which is "
+                                                                  "not a JSON number and cannot go into a patch")
         return operation
 
     def validate(self, policy: CompiledPolicy) -> None:
         if not self.selected(policy):
             return
+        self.admit(policy)
         scope = self.scope(policy)
         if policy.validation_batch is not None:
             try:
@@ -257,10 +346,10 @@ class _Run:
             self.activations[key] = new_activation({**self.bindings(policy), "variables": {}})
         return self.activations[key]
 
-    def _labels(self) -> Iterator[Mapping[str, str]]:
+    def _labels(self) -> Iterator[Mapping[str, Any]]:
         for body in (self.object, self.request.old_object):
             if isinstance(body, Mapping):
-                yield (body.get("metadata") or {}).get("labels") or {}
+                yield _labels_of(body)
 
     def _namespace_matches(self, selector: LabelSelector) -> bool:
         """A cluster-scoped object is not subject to a namespaceSelector; a Namespace is its own."""
@@ -268,8 +357,7 @@ class _Run:
             return any(selector.matches(labels) for labels in self._labels())
         if not self.request.namespace:
             return True
-        labels = ((self.namespace_object or {}).get("metadata") or {}).get("labels") or {}
-        return selector.matches(labels)
+        return selector.matches(_labels_of(self.namespace_object))
 
     def decision(self) -> Decision:
         outcomes: list[PolicyOutcome] = []
@@ -295,8 +383,11 @@ class _Run:
         patch: tuple[Mapping[str, Any], ...] = ()
         if self.object is not self.request.object and not denials:
             patch = tuple(diff(self.request.object, self.object))
+            if non_finite(list(patch)):   # the policies' values are checked; this is the last line
+                denials.append(f"the patch would carry {non_finite(list(patch))}, which is not JSON")
+                reason = reason or "InternalError"
         if denials:
-            return Decision(allowed=False, code=REASON_CODES[reason], reason=reason,
+            return Decision(allowed=False, code=REASON_CODES.get(reason, 500), reason=reason,
                             message="\n".join(denials), warnings=tuple(warnings), audit_annotations=audit,
                             patched_object=self.request.object, outcomes=tuple(outcomes),
                             evaluations=self.evaluations)
@@ -312,10 +403,11 @@ class _Scope:
         self.run = run
         self.policy = policy
         self.values: dict[str, Any] = {}
-        self.failed: dict[str, CelEvaluationError] = {}
+        self.failed: dict[str, tuple[str, str]] = {}   # (path, message): no exception, see _variable
         self.activation: Any = None   # with ``values`` as ``variables``
 
     def evaluate(self, expression: CompiledExpression) -> Any:
+        self.run.check_deadline(expression.path)
         names = self.policy.variables if expression.variables is None else expression.variables
         if any(name not in self.values for name in names):
             for name in self.policy.variables:   # declaration order: dependencies come first
@@ -332,11 +424,13 @@ class _Scope:
         if name in self.values:
             return
         if name in self.failed:
-            raise self.failed[name]
+            raise CelEvaluationError(*self.failed[name])
         try:
             value = self.evaluate(self.policy.variables[name])
         except CelEvaluationError as error:
-            self.failed[name] = error
+            # Kept as text: an exception kept here would hold, through its traceback, this scope
+            # and its activation (megabytes for a large object) in a cycle until a full GC.
+            self.failed[name] = (error.path, error.message)
             raise
         self.values[name] = value
         self.activation = None
@@ -352,6 +446,56 @@ def _bound(body: Any, managed_fields: bool) -> Any:
     if not isinstance(metadata, Mapping) or "managedFields" not in metadata:
         return body
     return {**body, "metadata": {key: value for key, value in metadata.items() if key != "managedFields"}}
+
+
+def _labels_of(body: Any) -> Mapping[str, Any]:
+    """``metadata.labels``, or none where the object is shaped otherwise (any JSON may come)."""
+    metadata = body.get("metadata") if isinstance(body, Mapping) else None
+    labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
+    return labels if isinstance(labels, Mapping) else {}
+
+
+def _measure(bodies: tuple[Any, ...], exact: bool) -> celcost.Sizes | str:
+    """See _Run.sizes. marshal (format 2: no back-references) writes at least one byte per value
+    and per character, so its length bounds the size, and it refuses nesting beyond ~2,000."""
+    size, items = 0.0, 0.0
+    for body in bodies:
+        if body is None:
+            continue
+        try:
+            if not exact:
+                size = max(size, len(marshal.dumps(body, 2)))
+                continue
+        except ValueError:   # too deep, or not plain JSON data: the walk tells which
+            pass
+        walked = _walk(body)
+        if isinstance(walked, str):
+            return walked
+        size, items = max(size, walked.size), max(items, walked.items)
+    return celcost.Sizes(size, items if exact else size)
+
+
+def _walk(body: Any) -> celcost.Sizes | str:
+    """Size and largest list or map of one object, iteratively (it may be deep), or why CEL
+    cannot read it."""
+    size, items = 0, 0
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return (f"the object nests deeper than {MAX_DEPTH:,} levels, more than CEL can read without "
+                    "exhausting the stack")
+        if isinstance(value, Mapping):
+            size, items = size + 1, max(items, len(value))
+            for key, item in value.items():
+                size += len(key) if isinstance(key, str) else 1
+                stack.append((item, depth + 1))
+        elif isinstance(value, (list, tuple)):
+            size, items = size + 1, max(items, len(value))
+            stack.extend((item, depth + 1) for item in value)
+        else:
+            size += len(value) if isinstance(value, str) else 1
+    return celcost.Sizes(size, items)
 
 
 def _clone(value: Any) -> Any:

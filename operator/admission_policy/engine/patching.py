@@ -35,6 +35,8 @@ def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> d
         raise PatchError(f"{op} {path}: {exc}") from None
     except (TypeError, KeyError, IndexError) as exc:
         raise PatchError(f"{op} {path}: cannot apply ({exc})") from None
+    except RecursionError:   # jsonpatch deep-copies values, recursively
+        raise PatchError(f"{op} {path}: the value nests too deeply to copy") from None
     return result
 
 
@@ -65,7 +67,15 @@ def _copy(container: dict[str, Any] | list[Any]) -> dict[str, Any] | list[Any]:
 
 def merge(target: Any, patch: Any, *, if_absent: bool) -> Any:
     """RFC 7386 merge patch; with ``if_absent`` only fields the target lacks are set. Returns the
-    merged value; ``target`` is left as it was, and the result shares what the patch leaves alone."""
+    merged value; ``target`` is left as it was, and the result shares what the patch leaves alone.
+    It recurses as deep as the policy's patch nests (which parsed, so Python can go that deep)."""
+    try:
+        return _merge(target, patch, if_absent=if_absent)
+    except RecursionError:
+        raise PatchError("the merge patch nests too deeply") from None
+
+
+def _merge(target: Any, patch: Any, *, if_absent: bool) -> Any:
     if not isinstance(patch, Mapping):
         return target if if_absent and target is not None else patch
     if not isinstance(target, dict):
@@ -79,9 +89,9 @@ def merge(target: Any, patch: Any, *, if_absent: bool) -> Any:
                 merged.pop(key, None)
         elif key in merged:
             if isinstance(value, Mapping) or not if_absent:
-                merged[key] = merge(merged[key], value, if_absent=if_absent)
+                merged[key] = _merge(merged[key], value, if_absent=if_absent)
         else:
-            merged[key] = merge(None, value, if_absent=if_absent)
+            merged[key] = _merge(None, value, if_absent=if_absent)
     return merged
 
 
@@ -91,14 +101,25 @@ def diff(old: Any, new: Any) -> list[dict[str, Any]]:
     jsonpatch's own diff serialises every member it compares; a copy-on-write mutation leaves
     all but the path it changed the very same objects, so here those are skipped by identity.
     Objects are compared key by key; arrays item by item once their common ends are set aside,
-    so an item added or removed anywhere is one operation (a reordering is several).
+    so an item added or removed anywhere is one operation (a reordering is several). Iterative,
+    like ``json_equal``: an object may nest as deep as the API server allows (10,000 levels).
     """
-    return list(_diff(old, new, ""))
+    operations: list[dict[str, Any]] = []
+    # (old, new, path) to compare, or a finished operation; popped last first, so pushed reversed.
+    stack: list[tuple[Any, Any, str] | dict[str, Any]] = [(old, new, "")]
+    while stack:
+        top = stack.pop()
+        if isinstance(top, dict):
+            operations.append(top)
+            continue
+        before, after, path = top
+        if before is not after:
+            stack.extend(reversed(list(_differences(before, after, path))))
+    return operations
 
 
-def _diff(old: Any, new: Any, path: str) -> Iterator[dict[str, Any]]:
-    if old is new:
-        return
+def _differences(old: Any, new: Any, path: str) -> Iterator[tuple[Any, Any, str] | dict[str, Any]]:
+    """One level of the diff: operations, and pairs to compare further, in patch order."""
     if isinstance(old, dict) and isinstance(new, dict):
         for key in old:
             if key not in new:
@@ -106,7 +127,7 @@ def _diff(old: Any, new: Any, path: str) -> Iterator[dict[str, Any]]:
         for key, value in new.items():
             where = f"{path}/{jsonpointer.escape(key)}"
             if key in old:
-                yield from _diff(old[key], value, where)
+                yield old[key], value, where
             else:
                 yield {"op": "add", "path": where, "value": value}
     elif isinstance(old, list) and isinstance(new, list):
@@ -115,7 +136,7 @@ def _diff(old: Any, new: Any, path: str) -> Iterator[dict[str, Any]]:
         yield {"op": "replace", "path": path, "value": new}
 
 
-def _diff_lists(old: list[Any], new: list[Any], path: str) -> Iterator[dict[str, Any]]:
+def _diff_lists(old: list[Any], new: list[Any], path: str) -> Iterator[tuple[Any, Any, str] | dict[str, Any]]:
     shorter = min(len(old), len(new))
     start = 0
     while start < shorter and json_equal(old[start], new[start]):
@@ -126,7 +147,7 @@ def _diff_lists(old: list[Any], new: list[Any], path: str) -> Iterator[dict[str,
     old, new = old[start:len(old) - end], new[start:len(new) - end]
     paired = min(len(old), len(new))
     for index in range(paired):
-        yield from _diff(old[index], new[index], f"{path}/{start + index}")
+        yield old[index], new[index], f"{path}/{start + index}"
     for index in range(paired, len(new)):
         yield {"op": "add", "path": f"{path}/{start + index}", "value": new[index]}
     for index in reversed(range(paired, len(old))):
@@ -134,13 +155,22 @@ def _diff_lists(old: list[Any], new: list[Any], path: str) -> Iterator[dict[str,
 
 
 def json_equal(a: Any, b: Any) -> bool:
-    """Equal as JSON values (Python's == takes true for 1)."""
-    if a is b:
-        return True
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(json_equal(value, b[key]) for key, value in a.items())
-    if isinstance(a, list):
-        return len(a) == len(b) and all(map(json_equal, a, b))
-    return bool(a == b)
+    """Equal as JSON values (Python's == takes true for 1); iterative, for any depth."""
+    pending = [(a, b)]
+    while pending:
+        a, b = pending.pop()
+        if a is b:
+            continue
+        if type(a) is not type(b):
+            return False
+        if isinstance(a, dict):
+            if a.keys() != b.keys():
+                return False
+            pending.extend((value, b[key]) for key, value in a.items())
+        elif isinstance(a, list):
+            if len(a) != len(b):
+                return False
+            pending.extend(zip(a, b, strict=True))
+        elif a != b:
+            return False
+    return True
