@@ -153,6 +153,16 @@ def pss_pod_create() -> dict[str, Any]:
     return pod_create()
 
 
+def wide_pod_create(containers: int = 5_000, uid: str = "wide-pod") -> dict[str, Any]:
+    """Issue 18's attack: a Pod CREATE with ``containers`` minimal containers ``{"name": "cN",
+    "image": "i"}`` (5,000: 141 kB, well under the API server's limit), from any user who may
+    create Pods."""
+    body = pss_pod_create()
+    body["request"]["uid"] = uid
+    body["request"]["object"]["spec"]["containers"] = [{"name": f"c{i}", "image": "i"} for i in range(containers)]
+    return body
+
+
 def sidecar_pod_create() -> dict[str, Any]:
     """For the mutating webhook: asks for the sidecar and sets no resources (both policies act)."""
     return pod_create(name="orders", image="registry.acme.com/shop/orders:2.3", restricted=False,

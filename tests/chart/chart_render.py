@@ -42,6 +42,12 @@ SCENARIOS: dict[str, tuple[dict[str, Any], str]] = {
             "priorityClassName": "system-cluster-critical",
             "rbac": {"extraRules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]},
             "podDisruptionBudget": {"minAvailable": 2},
+            "networkPolicy": {
+                "webhookFrom": [{"ipBlock": {"cidr": "172.18.0.0/16", "except": ["172.18.0.128/25"]}},
+                                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                                 "podSelector": {"matchLabels": {"k8s-app": "konnectivity-agent"}}}],
+                "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+            },
         },
         NAMESPACE,
     ),

@@ -206,7 +206,7 @@ def test_operator_cluster_role_is_exactly_what_the_operator_uses(chart: helm.Cha
     allow("", "namespaces", "get list watch")
     for kind in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):
         allow("admissionregistration.k8s.io", kind, "create")
-        allow("admissionregistration.k8s.io", kind, "get update", config)
+        allow("admissionregistration.k8s.io", kind, "get list watch update", config)
     allow("kopf.dev", "clusterkopfpeerings", "list watch")
     allow("kopf.dev", "clusterkopfpeerings", "patch", peering)
     assert rules_of(role) == expected
@@ -236,7 +236,7 @@ def role_in(docs: list[dict], namespace: str) -> tuple[dict, dict]:
 
 
 @pytest.mark.parametrize("scenario", ["defaults", "custom-namespace", "everything"])
-def test_release_namespace_role_is_the_certificate_secret_and_kopf_events(chart: helm.Chart, scenario: str) -> None:
+def test_release_namespace_role_is_the_certificate_secret(chart: helm.Chart, scenario: str) -> None:
     values, namespace = SCENARIOS[scenario]
     docs = render(chart, values, namespace)
     secret = env_of(operator_container(docs))["AP_CERT_SECRET"]
@@ -245,8 +245,7 @@ def test_release_namespace_role_is_the_certificate_secret_and_kopf_events(chart:
         ("", "secrets", "create", None),
         ("", "secrets", "get", secret),
         ("", "secrets", "update", secret),
-        # Kopf posts its own events about cluster-scoped objects in the namespace of its credentials.
-        ("", "events", "create", None),
+        # No events: the operator turns Kopf's posting off and posts its own in "default".
     }
     sa = operator_deployment(docs)["spec"]["template"]["spec"]["serviceAccountName"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}]
@@ -496,6 +495,31 @@ def test_pod_disruption_budget(chart: helm.Chart, scenario: str) -> None:
     assert labels_match(pdb["spec"]["selector"]["matchLabels"], pod_labels(docs))
 
 
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_network_policy_admits_only_the_webhook_and_metrics_ports(chart: helm.Chart, scenario: str) -> None:
+    values, namespace = SCENARIOS[scenario]
+    docs = render(chart, values, namespace)
+    env = env_of(operator_container(docs))
+    policy = one(docs, "NetworkPolicy")
+    assert policy["metadata"]["namespace"] == namespace
+    assert policy["spec"]["policyTypes"] == ["Ingress"]      # egress: the operator calls the API server
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert labels_match(selector, pod_labels(docs))
+    assert not labels_match(selector, one(docs, "Job")["spec"]["template"]["metadata"].get("labels", {}))
+    allowed = {rule["ports"][0]["port"]: rule.get("from") for rule in policy["spec"]["ingress"]}
+    assert all(len(rule["ports"]) == 1 and rule["ports"][0]["protocol"] == "TCP" for rule in policy["spec"]["ingress"])
+    chosen = values.get("networkPolicy", {})
+    expected = {int(env["AP_LISTEN_PORT"]): chosen.get("webhookFrom")}
+    if env["AP_METRICS_PORT"] != "0":
+        expected[int(env["AP_METRICS_PORT"])] = chosen.get("metricsFrom")
+    assert allowed == expected        # the health port: only the kubelet, which a policy never blocks
+    assert int(env["AP_HEALTH_PORT"]) not in allowed
+
+
+def test_network_policy_can_be_turned_off(chart: helm.Chart) -> None:
+    assert all_of(render(chart, {"networkPolicy": {"enabled": False}}), "NetworkPolicy") == []
+
+
 def test_custom_namespace_everywhere(chart: helm.Chart) -> None:
     values, namespace = SCENARIOS["custom-namespace"]
     docs = render(chart, values, namespace)
@@ -529,6 +553,12 @@ def test_custom_namespace_everywhere(chart: helm.Chart) -> None:
         ({"metrics": {"enabled": "no"}}, r"/metrics/enabled.*got string, want boolean"),
         ({"replicas": 2}, r"additional properties 'replicas' not allowed"),
         ({"podAntiAffinity": "sometimes"}, r"/podAntiAffinity"),
+        ({"networkPolicy": {"webhookFrom": ["10.0.0.0/8"]}}, r"/networkPolicy/webhookFrom/0.*got string, want object"),
+        (
+            {"networkPolicy": {"metricsFrom": [{"cidr": "10.0.0.0/8"}]}},
+            r"/networkPolicy/metricsFrom/0.*'cidr' not allowed",
+        ),
+        ({"networkPolicy": {"webhookFrom": [{"ipBlock": {}}]}}, r"/networkPolicy/webhookFrom/0/ipBlock.*cidr"),
         (
             {"rbac": {"extraRules": [{"apiGroups": ["*"], "resources": ["pods"], "verbs": ["get"]}]}},
             r"/rbac/extraRules/0/apiGroups/0",

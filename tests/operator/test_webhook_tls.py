@@ -2,6 +2,7 @@
 AdmissionReview JSON: what the API server would send and get back."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import copy
@@ -17,7 +18,7 @@ import aiohttp
 import jsonpatch
 import pytest
 import yaml
-from emulator import ADMISSION_POLICIES, VALIDATING_WEBHOOK_CONFIGURATIONS, Emulator
+from emulator import ADMISSION_POLICIES, VALIDATING_WEBHOOK_CONFIGURATIONS, Emulator, wait_for
 from operator_env import CONFIG_NAME, ca_context, operator_environment, operator_running, policy_body, wait_phase
 
 EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
@@ -35,12 +36,13 @@ class Webhook:
     def __init__(self, context: ssl.SSLContext, base: str) -> None:
         self.context = context
         self.base = base
+        self.port = int(base.rsplit(":", 1)[1])
 
-    async def post(self, path: str, body: Any) -> tuple[int, Any]:
+    async def post(self, path: str, body: Any, content_type: str = "application/json") -> tuple[int, Any]:
         data = body if isinstance(body, (str, bytes)) else json.dumps(body)
         # A session per call: pytest-asyncio runs fixture setup and teardown in different tasks.
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.context)) as session, \
-                session.post(f"{self.base}{path}", data=data, headers={"Content-Type": "application/json"}) as response:
+                session.post(f"{self.base}{path}", data=data, headers={"Content-Type": content_type}) as response:
             text = await response.text()
             try:
                 return response.status, json.loads(text)
@@ -277,3 +279,265 @@ async def test_probes_and_metrics(serving: Any) -> None:
                        'admission_policy_evaluation_seconds_bucket{le="+Inf",webhook="validate"}')
     assert metric(after, count) == metric(before, count) + 1 == metric(after, infinity)
     assert metric(after, "admission_policy_policies_loaded") >= 4
+
+
+# --- hardening: what reaches the server that the API server would never send (issue 18) -----------------------
+
+REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}
+
+
+def review_text(request: dict[str, Any]) -> str:
+    return json.dumps({**REVIEW, "request": request})
+
+
+@pytest.mark.parametrize("path", ["/unknown", "/", "/validate/extra", "/validatex", "/kopf/validate"])
+async def test_a_path_that_is_not_ours_gets_404_not_an_allow(serving: Any, path: str) -> None:
+    """Kopf answers ``allowed: true`` for a path naming no handler: a mistyped URL would disable
+    enforcement without a word."""
+    async with serving() as webhook:
+        status, answer = await webhook.post(path, review_text(pod_request("offensive-pod", labels={"team": "a"})))
+        assert status == 404, answer
+
+
+async def test_a_review_of_two_objects_at_the_api_servers_size_limit_is_served(serving: Any) -> None:
+    async with serving() as webhook:
+        request = pod_request("web", labels={"team": "a"})
+        request["object"]["metadata"]["annotations"] = {"big": "x" * (1536 * 1024 - 2048)}
+        request.update(operation="UPDATE", oldObject=copy.deepcopy(request["object"]))
+        response = await webhook.review("/validate", request)
+        assert response["allowed"] is True
+
+
+async def test_a_review_over_the_size_limit_gets_413_saying_so(serving: Any) -> None:
+    async with serving() as webhook:
+        request = pod_request("web", labels={"team": "a"})
+        request["object"]["metadata"]["annotations"] = {"big": "x" * (5 * 1024 * 1024)}
+        status, answer = await webhook.post("/validate", review_text(request))
+        assert status == 413
+        assert "AdmissionReview" in str(answer) and "limit" in str(answer)
+
+
+def without(mapping: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in mapping.items() if k != key}
+
+
+def malformed(change: Callable[[dict[str, Any]], Any]) -> str:
+    request = pod_request("offensive-pod", labels={"team": "a"})
+    change(request)
+    return review_text(request)
+
+
+DEEP = 20_000
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    (malformed(lambda r: r.update(resource=without(r["resource"], "version"))), "request.resource.version is required"),
+    (malformed(lambda r: r["object"].update(metadata="offensive-pod")), "request.object.metadata must be an object"),
+    (malformed(lambda r: r["object"].update(metadata=5)), "request.object.metadata must be an object"),
+    (malformed(lambda r: r["object"].update(metadata=[0])), "request.object.metadata must be an object"),
+    (malformed(lambda r: r.update(operation="UPDATE", oldObject={**r["object"], "metadata": "x"})),
+     "request.oldObject.metadata must be an object"),
+    (malformed(lambda r: r["object"]["spec"].update(priority=float("nan"))), "NaN"),
+    (malformed(lambda r: r["object"]["spec"].update(priority=float("inf"))), "Infinity"),
+    (malformed(lambda r: r["object"]["spec"].update(priority=float("-inf"))), "-Infinity"),
+    (malformed(lambda r: r["object"]["spec"].update(priority="@")).replace('"@"', "1e400"), "1e400"),
+    (malformed(lambda r: r["object"]["spec"].update(deep="@")).replace('"@"', "[" * DEEP + "]" * DEEP),
+     "nested deeper than"),
+])
+async def test_a_malformed_review_gets_a_400_naming_what_is_wrong(serving: Any, body: str, words: str) -> None:
+    async with serving() as webhook:
+        status, answer = await webhook.post("/validate", body)
+        assert status == 400, answer
+        assert words in str(answer)
+
+
+@pytest.mark.parametrize(("body", "content_type", "words"), [
+    (review_text(pod_request("web")).encode().replace(b'"web"', b'"w\xffb"'), "application/json", "UTF-8"),
+    (review_text(pod_request("web")).encode("utf-16"), "application/json", "UTF-8"),
+    (review_text(pod_request("web")).encode("utf-16"), "application/json; charset=utf-16", "charset"),
+    (review_text(pod_request("web")).encode(), "application/json; charset=bogus", "charset"),
+])
+async def test_a_body_that_is_not_utf8_json_gets_a_400(serving: Any, body: bytes, content_type: str,
+                                                       words: str) -> None:
+    async with serving() as webhook:
+        status, answer = await webhook.post("/validate", body, content_type=content_type)
+        assert status == 400, answer
+        assert words in str(answer)
+
+
+async def test_utf8_named_as_such_is_fine(serving: Any) -> None:
+    async with serving() as webhook:
+        body = review_text(pod_request("web", labels={"team": "caf\u00e9"})).encode()
+        status, answer = await webhook.post("/validate", body, content_type="application/json; charset=UTF-8")
+        assert status == 200 and answer["response"]["allowed"] is True
+
+
+async def test_a_resource_without_group_is_the_core_group(serving: Any) -> None:
+    """Go decodes an absent ``group`` as "", the core group, so the review is answered as such."""
+    async with serving() as webhook:
+        request = pod_request("offensive-pod", labels={"team": "a"})
+        request["resource"] = without(request["resource"], "group")
+        response = await webhook.review("/validate", request)
+        assert response["allowed"] is False and response["status"]["code"] == 403
+
+
+async def test_an_object_as_deep_as_the_webhook_takes_gets_a_review_answer(serving: Any) -> None:
+    """Nesting up to ``MAX_JSON_DEPTH`` is decoded and evaluated, never a crash; deeper is a 400
+    (see ``request.MAX_JSON_DEPTH`` for why not the API server's 10,000)."""
+    from admission_policy.engine.request import MAX_JSON_DEPTH
+    async with serving() as webhook:
+        request = pod_request("offensive-pod", labels={"team": "a"})
+        request["object"]["spec"]["deep"] = "@"
+        depth = MAX_JSON_DEPTH - 4      # the review, request, object and spec around it
+        status, answer = await webhook.post("/validate", review_text(request).replace('"@"', "[" * depth + "]" * depth))
+        assert status == 200, answer
+        assert answer["response"]["uid"] == request["uid"] and answer["response"]["allowed"] is False
+        depth += 50
+        status, answer = await webhook.post("/validate", review_text(request).replace('"@"', "[" * depth + "]" * depth))
+        assert status == 400 and f"nested deeper than {MAX_JSON_DEPTH} levels" in answer
+
+
+# --- connections: idle ones, slow ones, too many, and clients that go away ------------------------------------
+
+@contextlib.asynccontextmanager
+async def connection(webhook: Webhook) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A raw TLS connection to the webhook, for what an HTTP client library would not do."""
+    reader, writer = await asyncio.open_connection("localhost", webhook.port, ssl=webhook.context)
+    try:
+        yield reader, writer
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+
+
+async def closed_by_server(reader: asyncio.StreamReader, deadline: float = 30.0) -> bytes:
+    """What the server sent before closing the connection (fails if it is still open at the deadline)."""
+    received = b""
+    with contextlib.suppress(ConnectionError, ssl.SSLError):
+        async with asyncio.timeout(deadline):
+            while chunk := await reader.read(65536):
+                received += chunk
+    return received
+
+
+def request_head(path: str, length: int, expect: str = "") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            + (f"Expect: {expect}\r\n" if expect else "") + f"Content-Length: {length}\r\n\r\n").encode()
+
+
+async def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(serving: Any,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from admission_policy.operator import webhook as server
+    monkeypatch.setattr(server.PolicyWebhookServer, "keepalive_timeout", 0.5, raising=False)
+    async with serving() as webhook, connection(webhook) as (reader, _):
+        assert await closed_by_server(reader) == b""
+
+
+async def test_a_request_whose_body_never_arrives_is_given_up(serving: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AP_WEBHOOK_TIMEOUT", "1")
+    async with serving() as webhook, connection(webhook) as (reader, writer):
+        writer.write(request_head("/validate", 1000) + b'{"kind": ')
+        await writer.drain()
+        assert (await closed_by_server(reader)).startswith(b"HTTP/1.1 408")
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """One HTTP/1.1 response with a Content-Length: its status and body."""
+    status = int((await reader.readline()).split()[1])
+    length = 0
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        if name.lower() == "content-length":
+            length = int(value)
+    return status, await reader.readexactly(length)
+
+
+COMPLIANT = review_text(pod_request("web", labels={"team": "a"})).encode()
+
+
+async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
+    writer.write(request_head("/validate", len(COMPLIANT)) + COMPLIANT)
+    await writer.drain()
+    return (await read_response(reader))[0]
+
+
+async def test_at_the_connection_cap_the_longest_idle_connection_makes_room(
+        serving: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another client holding connections open cannot lock the API server out."""
+    monkeypatch.setenv("AP_MAX_CONNECTIONS", "2")
+    async with serving() as webhook, connection(webhook) as first, connection(webhook) as second:
+        assert await exchange(*first) == 200
+        assert await exchange(*second) == 200      # both open and idle; the first idle the longest
+        async with connection(webhook) as third:
+            assert await exchange(*third) == 200
+            assert await closed_by_server(first[0]) == b""
+            assert await exchange(*second) == 200
+
+
+async def test_when_every_connection_is_answering_a_request_a_new_one_is_refused(
+        serving: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AP_MAX_CONNECTIONS", "2")
+    monkeypatch.setenv("AP_WEBHOOK_TIMEOUT", "30")
+    async with serving() as webhook, connection(webhook) as first, connection(webhook) as second:
+        for reader, writer in (first, second):
+            # "100 Continue" says the server is answering this request and waits for its body.
+            writer.write(request_head("/validate", len(COMPLIANT), expect="100-continue"))
+            await writer.drain()
+            assert await reader.readline() == b"HTTP/1.1 100 Continue\r\n"
+            assert await reader.readline() == b"\r\n"
+        async with connection(webhook) as (refused, _):
+            assert await closed_by_server(refused) == b""
+        for reader, writer in (first, second):
+            writer.write(COMPLIANT)
+            await writer.drain()
+            assert (await read_response(reader))[0] == 200
+
+
+async def test_a_client_that_disconnects_mid_request_costs_one_log_line(serving: Any,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    async with serving() as webhook:
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG):
+            async with connection(webhook) as (_, writer):
+                writer.write(request_head("/validate", 1000) + b'{"kind": ')
+                await writer.drain()
+            await wait_for(lambda: any("disconnected" in r.getMessage() for r in caplog.records), timeout=30)
+            await webhook.review("/validate", pod_request("web", labels={"team": "a"}))
+        told = [r for r in caplog.records if "disconnected" in r.getMessage()]
+        assert len(told) == 1 and told[0].levelno == logging.INFO and told[0].exc_info is None
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info] == []
+
+
+# --- TLS -----------------------------------------------------------------------------------------------------
+
+def client_context(webhook: Webhook, **options: Any) -> ssl.SSLContext:
+    """A client that trusts the operator's CA, with the TLS versions or ciphers given."""
+    cas = "".join(ssl.DER_cert_to_PEM_cert(ca) for ca in webhook.context.get_ca_certs(binary_form=True))
+    context = ssl.create_default_context(cadata=cas)
+    for name, value in options.items():
+        if name == "ciphers":
+            context.set_ciphers(value)
+        else:
+            setattr(context, name, value)
+    return context
+
+
+@pytest.mark.parametrize("options", [
+    {"minimum_version": ssl.TLSVersion.TLSv1, "maximum_version": ssl.TLSVersion.TLSv1_1, "ciphers": "ALL:@SECLEVEL=0"},
+    {"maximum_version": ssl.TLSVersion.TLSv1_2, "ciphers": "ECDHE-ECDSA-AES128-SHA256:ECDHE-ECDSA-AES256-SHA384"},
+    {"maximum_version": ssl.TLSVersion.TLSv1_2, "ciphers": "ECDHE-ECDSA-AES128-SHA:ECDHE-ECDSA-AES256-SHA"},
+])
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1:DeprecationWarning")  # the client's own, on purpose
+async def test_tls_below_1_2_or_without_an_aead_cipher_is_refused(serving: Any, options: dict[str, Any]) -> None:
+    async with serving() as webhook:
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            async with connection(Webhook(client_context(webhook, **options), webhook.base)):
+                pass
+
+
+async def test_tls_1_2_with_the_go_clients_ciphers_is_served(serving: Any) -> None:
+    async with serving() as webhook:
+        context = client_context(webhook, maximum_version=ssl.TLSVersion.TLSv1_2,
+                                 ciphers="ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-ECDSA-CHACHA20-POLY1305")
+        assert (await Webhook(context, webhook.base).review("/validate", pod_request("web")))["allowed"] is True

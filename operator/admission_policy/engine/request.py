@@ -2,10 +2,24 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import sys
 from collections.abc import Mapping
+from types import FrameType
 from typing import Any, Final
 
 OPERATIONS: Final = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
+
+# Deeper JSON is refused (400, so the API server applies the webhook's failurePolicy). The API
+# server itself accepts 10,000 levels (Go's encoding/json), but the CEL library converts an object
+# recursively in native code and crashes the process somewhere between 5,000 and 10,000 levels,
+# and Python code (copies, patches) stops at its 1,000-frame recursion limit: one such object
+# would otherwise take down every replica. Real objects nest a few dozen levels.
+MAX_JSON_DEPTH: Final = 1_000
+# json.loads and its decoder's 3 frames, and up to 10 recursion entries of C code under the caller
+# that a walk of the frames does not see (asyncio's task step, for one): at least MAX_JSON_DEPTH.
+_DECODER_FRAMES: Final = 3 + 10
 
 
 class ReviewError(ValueError):
@@ -27,6 +41,55 @@ class AdmissionRequest:
     dry_run: bool
     raw: Mapping[str, Any]          # CEL's ``request``: the request without object/oldObject
     api_version: str = "admission.k8s.io/v1"
+
+
+def decode_review(body: bytes, charset: str | None = None) -> Any:
+    """The JSON of a review as the API server sends it: UTF-8, standard numbers only (no NaN or
+    Infinity, which are not JSON and could come back in a patch), at most ``MAX_JSON_DEPTH`` deep."""
+    if charset is not None and charset.lower().replace("-", "") != "utf8":
+        raise ReviewError(f"charset {charset!r} is not supported: an AdmissionReview is UTF-8 JSON")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReviewError(f"the body is not UTF-8 (byte {exc.start}): an AdmissionReview is UTF-8 JSON") from None
+    try:
+        return _loads(text)
+    except ReviewError:
+        raise
+    except RecursionError:
+        raise ReviewError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:    # JSONDecodeError, and integers of more digits than Python converts
+        raise ReviewError(f"not JSON: {exc}") from None
+
+
+def _loads(text: str) -> Any:
+    """``json.loads`` with the recursion limit (one level of nesting each) at the frames already on
+    the stack plus ``MAX_JSON_DEPTH``: about the same limit whoever calls, whatever the process's."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(_stack_depth() + MAX_JSON_DEPTH + _DECODER_FRAMES)
+    try:
+        return json.loads(text, parse_constant=_non_standard, parse_float=_finite)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def _stack_depth() -> int:
+    frame: FrameType | None = sys._getframe()
+    depth = 0
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1
+    return depth
+
+
+def _non_standard(constant: str) -> Any:
+    raise ReviewError(f"{constant} is not a JSON number")
+
+
+def _finite(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise ReviewError(f"number {literal} is out of range (a JSON number the API server sends is a finite double)")
+    return value
 
 
 def parse_review(review: Any) -> AdmissionRequest:
@@ -52,6 +115,8 @@ def parse_review(review: Any) -> AdmissionRequest:
     for field, body in (("object", new), ("oldObject", old)):
         if body is not None and not isinstance(body, Mapping):
             raise ReviewError(f"request.{field} must be an object or null")
+        if body is not None and not isinstance(body.get("metadata") or {}, Mapping):
+            raise ReviewError(f"request.{field}.metadata must be an object")
     if operation in ("CREATE", "UPDATE") and new is None:
         raise ReviewError(f"request.object is required for {operation}")
     if operation == "UPDATE" and old is None:
@@ -59,7 +124,8 @@ def parse_review(review: Any) -> AdmissionRequest:
     return AdmissionRequest(
         uid=uid,
         group=_string(resource, "group", where="request.resource"),
-        version=_string(resource, "version", where="request.resource"),
+        # Go decodes an absent group as "", the core group; without a version nothing can be routed.
+        version=_string(resource, "version", where="request.resource", required=True),
         resource=_string(resource, "resource", where="request.resource", required=True),
         sub_resource=_string(request, "subResource"),
         operation=operation,

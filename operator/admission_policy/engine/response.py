@@ -23,7 +23,8 @@ def build_response(decision: Decision, uid: str, api_version: str = "admission.k
 
 
 def encode_patch(patch: Any) -> str:
-    return base64.b64encode(json.dumps(list(patch), separators=(",", ":")).encode()).decode("ascii")
+    """Strict JSON: a NaN or Infinity raises here rather than reaching the API server as invalid JSON."""
+    return base64.b64encode(json.dumps(list(patch), separators=(",", ":"), allow_nan=False).encode()).decode("ascii")
 
 
 def error_response(uid: str, message: str, code: int = 400) -> dict[str, Any]:

@@ -1,30 +1,71 @@
 """The webhook server: Kopf's WebhookServer, with the engine's decision as the response.
 
-Kopf routes each request to the handler named by the path's last segment and runs it; the
-handler stores the engine's Decision in the request's ``Exchange``. The response is then built
-from that Decision by the same function the CLI's ``review`` uses, because Kopf's own response
-carries no ``auditAnnotations`` or ``status.reason``.
+Kopf runs the handler named by the path's last segment; the handler stores the engine's
+Decision in the request's ``Exchange``. The response is then built from that Decision by the same
+function the CLI's ``review`` uses, because Kopf's own response carries no ``auditAnnotations``
+or ``status.reason``.
 
 The handlers read the request parsed here, so Kopf is given the objects' identity only (kind
 and names, see ``_IDENTITY``): it deep-copies the object for its patch and diffs old against new
 on every request, work whose result this server never uses (a third of Kopf's cost for a Pod
 UPDATE).
+
+The listener is this module's, not Kopf's (Kopf's TLS files, reloading and client config are
+kept), because the API server is its only legitimate client and Kopf's aiohttp defaults suit a
+public web server instead:
+
+- only the paths the webhook configurations name are served; any other is 404 (Kopf answers
+  ``allowed: true`` for a path naming no handler, so a mistyped URL would disable enforcement);
+- a review may be ``MAX_REVIEW_BYTES`` (aiohttp's default is 1 MiB, too small for an UPDATE of
+  a large object); bigger is 413. The body must be UTF-8 JSON of standard numbers (400 if not);
+- idle and slow connections are closed, and at most ``max_connections`` are open (see the
+  constants below and ``_Connections``);
+- TLS 1.2 or newer with AEAD ciphers and forward secrecy only (``_harden``).
 """
 from __future__ import annotations
 
 import asyncio
+import base64
+import collections
+import contextlib
 import contextvars
 import dataclasses
+import hashlib
 import logging
-from collections.abc import AsyncIterator, Mapping
-from typing import Any, cast
+import pathlib
+import ssl
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
 
 import aiohttp.web
 import kopf
+from kopf._core.engines import admission as kopf_admission
 
-from ..engine import AdmissionRequest, Decision, ReviewError, build_response, parse_review
+from ..engine import AdmissionRequest, Decision, ReviewError, build_response, decode_review, parse_review
+from .settings import OperatorSettings
+from .webhookconfig import MUTATE_PATH, VALIDATE_PATH, VALIDATE_POLICY_PATH
 
 logger = logging.getLogger(__name__)
+
+WEBHOOK_PATHS = (VALIDATE_PATH, MUTATE_PATH, VALIDATE_POLICY_PATH)
+# The API server sends objects of up to 1.5 MiB (etcd's request limit); an UPDATE carries two of
+# them. 1 MiB more covers the review around them and JSON being longer than the stored encoding.
+MAX_REVIEW_BYTES = 4 * 1024 * 1024
+# The API server keeps idle connections for 90 s (Go's http.Transport IdleConnTimeout, which
+# Kubernetes' client transport uses). The server waits longer, so the client always closes an
+# idle connection first: were the server first, a review written onto the connection as it closes
+# fails, and the API server does not retry a POST. This also bounds how long a client may take to
+# send the request line and headers (aiohttp counts a partly received request as idle).
+KEEPALIVE_TIMEOUT = 120.0
+# Go's client gives up a TLS handshake after 10 s; a handshake still running then is no API server's.
+TLS_HANDSHAKE_TIMEOUT = 10.0
+# After an early answer (413, 408), how long the rest of the body is read and dropped so that the
+# client sees the answer rather than a reset.
+LINGERING_TIME = 2.0
+# TLS 1.2 suites with ECDHE and AEAD (TLS 1.3's are all such): what Go's client offers first.
+CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
+LOG_INTERVAL = 60.0     # at most one line per kind of connection trouble per this many seconds
 
 
 @dataclasses.dataclass
@@ -42,37 +83,184 @@ def current_exchange() -> Exchange:
 
 
 class PolicyWebhookServer(kopf.WebhookServer):
-    def __init__(self, *, listening: asyncio.Event, **kwargs: Any) -> None:
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT
+    handshake_timeout: float = TLS_HANDSHAKE_TIMEOUT
+
+    def __init__(self, *, listening: asyncio.Event, max_connections: int = OperatorSettings.max_connections,
+                 body_timeout: float = OperatorSettings.webhook_timeout, **kwargs: Any) -> None:
+        """``max_connections``: open connections at most; each costs ~280 KB. The API server keeps
+        up to 25 idle connections to a webhook per instance, and opens more only while that many
+        calls are in flight at once.
+
+        ``body_timeout``: how long a request's body may take to arrive once its headers have — the
+        webhooks' ``timeoutSeconds``, after which the API server has given up on the answer.
+        """
         super().__init__(**kwargs)
         self.listening = listening
+        self.max_connections = max_connections
+        self.body_timeout = body_timeout
+        self._throttle = _Throttle(LOG_INTERVAL)
 
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
-        async def serve(data: Any, *, webhook: str | None = None, headers: dict[str, str] | None = None,
-                        sslpeer: dict[str, Any] | None = None) -> Any:
+        """Kopf's serving loop (restart on changed certificate files), on this module's listener."""
+        while True:
+            cadata, context = self._build_ssl()
+            runner = aiohttp.web.AppRunner(
+                self._application(fn), handle_signals=False, access_log=None, auto_decompress=False,
+                keepalive_timeout=self.keepalive_timeout, lingering_time=LINGERING_TIME)
+            await runner.setup()
             try:
-                request = parse_review(data)
+                port = self.port or self._allocate_free_port()
+                listener = await self._listen(runner, context, port)
+                try:
+                    self.listening.set()
+                    yield self._client_config(cadata, context, port)
+                    await self._until_files_change()
+                    logger.debug("Restarting the webhook server with the renewed certificate files")
+                finally:
+                    listener.close()
+            finally:
+                await runner.cleanup()
+
+    def _build_ssl(self) -> tuple[bytes | None, ssl.SSLContext | None]:
+        cadata, context = super()._build_ssl()
+        if context is not None:
+            _harden(context)
+        return cadata, context
+
+    def _application(self, fn: kopf.WebhookFn) -> aiohttp.web.Application:
+        app = aiohttp.web.Application(client_max_size=MAX_REVIEW_BYTES)
+        prefix = self.path.rstrip("/") if self.path else ""
+
+        async def answer(request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+            return await self._answer(fn, request)
+
+        for path in WEBHOOK_PATHS:
+            app.router.add_post(prefix + path, answer)
+        return app
+
+    async def _listen(self, runner: aiohttp.web.AppRunner, context: ssl.SSLContext | None,
+                      port: int) -> asyncio.AbstractServer:
+        server = runner.server
+        assert server is not None, "the runner is set up"
+        connections = _Connections(self.max_connections, self._throttle)
+        listener = await asyncio.get_running_loop().create_server(
+            lambda: _Gate(server(), connections), self.addr or None, port, ssl=context,
+            ssl_handshake_timeout=self.handshake_timeout if context is not None else None,
+            reuse_address=True, reuse_port=True)
+        logger.debug("Listening for webhooks at %s", self._build_url("https" if context else "http",
+                                                                     self.addr or "*", port, self.path or ""))
+        return listener
+
+    def _client_config(self, cadata: bytes | None, context: ssl.SSLContext | None,
+                       port: int) -> kopf.WebhookClientConfig:
+        """What Kopf's managed mode would write (unused here: the operator writes its own)."""
+        host = self.host or self.DEFAULT_HOST or self._get_accessible_addr(self.addr)
+        config = kopf.WebhookClientConfig(url=self._build_url("https" if context else "http", host, port,
+                                                              self.path or ""))
+        if cadata is not None:
+            config["caBundle"] = base64.b64encode(cadata).decode("ascii")
+        return config
+
+    async def _until_files_change(self) -> None:
+        """Kopf's reloading: the mounted files change without events, so re-read them."""
+        paths = [pathlib.Path(p) for p in (self.certfile, self.pkeyfile, self.cafile) if p is not None]
+
+        def digest() -> str:
+            return hashlib.sha256(b"".join(path.read_bytes() for path in paths)).hexdigest()
+
+        initial = digest()
+        while digest() == initial:
+            await asyncio.sleep(self.file_check_interval)
+
+    async def _answer(self, fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        with _busy(request):
+            body = await self._read(request)
+            try:
+                data = decode_review(body, request.charset)
+                review = parse_review(data)
             except ReviewError as exc:
                 # Kopf answers a 500 to bodies it cannot read; this is the client's mistake.
                 raise aiohttp.web.HTTPBadRequest(text=f"invalid AdmissionReview: {exc}") from None
-            exchange = Exchange(request)
-            token = _exchange.set(exchange)
-            try:
-                stubbed: Any = _identities_only(data)
-                response: Any = await fn(stubbed, webhook=webhook, headers=headers, sslpeer=sslpeer)
-            finally:
-                _exchange.reset(token)
-            if exchange.decision is not None:
-                response = build_response(exchange.decision, request.uid, request.api_version)
-            return response
+            return aiohttp.web.json_response(await _decide(fn, request, review, data))
 
-        async for client_config in super().__call__(cast(kopf.WebhookFn, serve)):
-            self.listening.set()
-            yield client_config
+    async def _read(self, request: aiohttp.web.Request) -> bytes:
+        """The body: within the size limit and ``body_timeout``; a client gone is one log line."""
+        if request.content_length is not None and request.content_length > MAX_REVIEW_BYTES:
+            raise _too_large(f"{request.content_length} bytes")
+        try:
+            async with asyncio.timeout(self.body_timeout):
+                return await request.read()
+        except aiohttp.web.HTTPRequestEntityTooLarge:
+            raise _too_large("a chunked body") from None
+        except TimeoutError:
+            raise aiohttp.web.HTTPRequestTimeout(
+                text=f"the AdmissionReview did not arrive within {self.body_timeout:g} s") from None
+        except ConnectionError:
+            self._throttle.log("disconnect", logging.INFO,
+                               "Webhook client %s disconnected before sending its whole request", request.remote)
+            raise aiohttp.web.HTTPBadRequest() from None   # nobody reads it; aiohttp drops it quietly
 
 
-def _identities_only(review: Mapping[str, Any]) -> dict[str, Any]:
-    """The review with each object cut down to what Kopf routes and remembers it by."""
+async def _decide(fn: kopf.WebhookFn, request: aiohttp.web.Request, review: AdmissionRequest,
+                  data: Mapping[str, Any]) -> Any:
+    """Kopf runs the handler named by the path; its Decision is the answer."""
+    exchange = Exchange(review)
+    token = _exchange.set(exchange)
+    stubbed: Any = _identities_only(data, review)
+    try:
+        response: Any = await fn(stubbed, webhook=request.path.rsplit("/", 1)[-1],
+                                 headers=dict(request.headers), sslpeer=_peer_certificate(request))
+    except kopf_admission.AmbiguousResourceError as exc:   # Kopf's own answers to these
+        raise aiohttp.web.HTTPConflict(reason=str(exc) or None) from None
+    except kopf_admission.UnknownResourceError as exc:
+        raise aiohttp.web.HTTPNotFound(reason=str(exc) or None) from None
+    except kopf_admission.WebhookError as exc:
+        raise aiohttp.web.HTTPBadRequest(reason=str(exc) or None) from None
+    finally:
+        _exchange.reset(token)
+    if exchange.decision is not None:
+        response = build_response(exchange.decision, review.uid, review.api_version)
+    return response
+
+
+@contextlib.contextmanager
+def _busy(request: aiohttp.web.Request) -> Iterator[None]:
+    """While a request is answered, its connection is never the one closed to make room."""
+    gate = _Gate.of(request)
+    if gate is not None:
+        gate.busy = True
+    try:
+        yield
+    finally:
+        if gate is not None:
+            gate.busy = False
+
+
+def _peer_certificate(request: aiohttp.web.Request) -> Any:
+    return request.transport.get_extra_info("peercert") if request.transport else None
+
+
+def _too_large(size: str) -> aiohttp.web.HTTPRequestEntityTooLarge:
+    return aiohttp.web.HTTPRequestEntityTooLarge(
+        max_size=MAX_REVIEW_BYTES, actual_size=0,
+        text=f"AdmissionReview of {size} is over this webhook's limit of {MAX_REVIEW_BYTES} bytes "
+             "(two objects of the API server's 1.5 MiB each fit)")
+
+
+def _harden(context: ssl.SSLContext) -> None:
+    """TLS 1.2+, forward-secret AEAD suites only, and no renegotiation a client could start
+    to make the server spend handshakes."""
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_ciphers(CIPHERS)
+    context.options |= ssl.OP_NO_RENEGOTIATION | ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+
+
+def _identities_only(review: Mapping[str, Any], parsed: AdmissionRequest) -> dict[str, Any]:
+    """The review with each object cut down to what Kopf routes and remembers it by, and the
+    resource as parsed (Kopf needs all three keys; a review may leave out the core group's "")."""
     request = dict(review["request"])
+    request["resource"] = {"group": parsed.group, "version": parsed.version, "resource": parsed.resource}
     for field in ("object", "oldObject"):
         body = request.get(field)
         if isinstance(body, Mapping):
@@ -86,3 +274,110 @@ def _identities_only(review: Mapping[str, Any]) -> dict[str, Any]:
 # of its own watches sees the object deleted, and it watches nothing but AdmissionPolicies. With
 # the uid, every pod ever updated would stay in the operator's memory for good.
 _IDENTITY = ("name", "generateName", "namespace")
+
+
+class _Gate(asyncio.Protocol):
+    """One connection: admitted (or not) by ``_Connections`` once its TLS handshake is done, then
+    aiohttp's protocol for it, which it forwards everything to."""
+
+    def __init__(self, handler: Any, connections: _Connections) -> None:
+        self.handler = handler
+        self.connections = connections
+        self.busy = False        # a request is being answered: never closed to make room
+        self.peer: Any = None
+
+    @staticmethod
+    def of(request: aiohttp.web.Request) -> _Gate | None:
+        """The request's connection (the transport's protocol is the gate, aiohttp's is inside it);
+        None once the client is gone."""
+        gate = request.transport.get_protocol() if request.transport is not None else None
+        return gate if isinstance(gate, _Gate) else None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.peer = transport.get_extra_info("peername")
+        if not self.connections.admit(self):
+            self.handler = None
+            transport.close()
+            return
+        self.handler.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.handler is not None:
+            self.connections.touch(self)
+            self.handler.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.handler.eof_received() if self.handler is not None else None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.connections.discard(self)
+        if self.handler is not None:
+            self.handler.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.resume_writing()
+
+    def close(self) -> None:
+        if self.handler is not None:
+            self.handler.force_close()
+
+
+class _Connections:
+    """The open connections, at most ``limit``, least recently active first.
+
+    At the limit a new connection closes the one idle the longest — idle API server connections
+    are reopened at once, and any other client holding connections open cannot lock the API
+    server out this way. Only when every connection is busy with a request is the new one closed.
+    """
+
+    def __init__(self, limit: int, throttle: _Throttle) -> None:
+        self.limit = limit
+        self.throttle = throttle
+        self.open: collections.OrderedDict[_Gate, None] = collections.OrderedDict()
+
+    def admit(self, gate: _Gate) -> bool:
+        if len(self.open) >= self.limit:
+            idle = next((g for g in self.open if not g.busy), None)
+            if idle is None:
+                self.throttle.log("refused", logging.WARNING, "Refused a webhook connection from %s: all %d "
+                                  "connections are answering requests (AP_MAX_CONNECTIONS)", gate.peer, self.limit)
+                return False
+            self.throttle.log("evicted", logging.WARNING, "Closed the longest-idle webhook connection (from %s) "
+                              "to admit one from %s: %d connections open (AP_MAX_CONNECTIONS)",
+                              idle.peer, gate.peer, self.limit)
+            self.discard(idle)
+            idle.close()
+        self.open[gate] = None
+        return True
+
+    def touch(self, gate: _Gate) -> None:
+        if gate in self.open:
+            self.open.move_to_end(gate)
+
+    def discard(self, gate: _Gate) -> None:
+        self.open.pop(gate, None)
+
+
+class _Throttle:
+    """At most one line per kind per ``interval``, counting the ones left out: a client
+    misbehaving in a loop must not flood the log."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._next: dict[str, float] = {}
+        self._skipped: collections.Counter[str] = collections.Counter()
+
+    def log(self, kind: str, level: int, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now < self._next.get(kind, 0.0):
+            self._skipped[kind] += 1
+            return
+        self._next[kind] = now + self.interval
+        skipped = self._skipped.pop(kind, 0)
+        suffix = f" (and {skipped} more in the last {self.interval:g} s)" if skipped else ""
+        logger.log(level, message + suffix, *args)
