@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import copy
 import logging
 import pathlib
+import socket
 import ssl
+from collections.abc import AsyncIterator
 from typing import Any
 
 import kmock
@@ -23,6 +27,7 @@ from emulator import (
 from operator_env import (
     CONFIG_NAME,
     NAMESPACE,
+    ca_context,
     conditions,
     operator_environment,
     operator_running,
@@ -30,6 +35,7 @@ from operator_env import (
     policy_body,
     wait_phase,
 )
+from test_webhook_tls import Webhook, pod_request
 
 from admission_policy.operator import watcher
 
@@ -152,7 +158,9 @@ async def test_a_new_generation_is_observed_and_a_broken_one_keeps_the_old_enfor
 
 
 async def test_a_resource_the_cluster_does_not_serve_is_degraded(
-        emulator: Emulator, run_operator: Any, env: dict[str, str]) -> None:
+        emulator: Emulator, run_operator: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from admission_policy.operator import handlers
+    monkeypatch.setattr(handlers, "DISCOVERY_GRACE", 0.5)   # Degraded after asking discovery again
     rules = [{"apiGroups": ["acme.com"], "apiVersions": ["v1"], "resources": ["widgets"], "operations": ["CREATE"]}]
     async with operator_running(run_operator):
         await emulator.create(ADMISSION_POLICIES, policy_body("widgets", validations=DENY_BAD,
@@ -295,3 +303,276 @@ async def test_a_certificate_near_expiry_is_renewed_with_both_cas_trusted(
     assert secret is not None
     assert certificates.bundle_from_secret_data(secret["data"]).ca_cert_pem == new_ca.public_bytes(
         serialization.Encoding.PEM).decode()
+
+
+# --- issue 18: hardening ----------------------------------------------------------------------------------
+
+def _kubernetes_secret_fragments(emulator: Emulator) -> list[str]:
+    """Pieces of the certificate Secret's private keys, as they could appear in a log line: the
+    Secret's base64 values, and the base64 body of each PEM."""
+    from admission_policy.operator import certificates
+    secret = emulator.peek(SECRETS, "admission-policy-operator-tls", namespace=NAMESPACE)
+    assert secret is not None
+    fragments = []
+    for key in (certificates.CA_KEY_KEY, certificates.KEY_KEY):
+        fragments.append(secret["data"][key][:48])
+        pem = base64.b64decode(secret["data"][key]).decode()
+        fragments.append(pem.splitlines()[1])
+    return fragments
+
+
+@contextlib.asynccontextmanager
+async def at_debug_with_deny_bad(emulator: Emulator, run_operator: Any, monkeypatch: pytest.MonkeyPatch,
+                                 caplog: pytest.LogCaptureFixture) -> AsyncIterator[None]:
+    """The operator at AP_LOG_LEVEL=DEBUG (and every logger captured at DEBUG), "deny-bad" Active."""
+    monkeypatch.setenv("AP_LOG_LEVEL", "DEBUG")
+    with caplog.at_level(logging.DEBUG):
+        async with operator_running(run_operator):
+            await emulator.create(ADMISSION_POLICIES, policy_body("deny-bad", validations=DENY_BAD))
+            await wait_phase(emulator, "deny-bad", "Active")
+            yield
+
+
+async def test_at_debug_no_log_line_carries_the_private_keys(
+        emulator: Emulator, run_operator: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 18 #8: the Kubernetes client logged the certificate Secret's response body at DEBUG."""
+    async with at_debug_with_deny_bad(emulator, run_operator, monkeypatch, caplog):
+        pass
+    text = "\n".join(f"{r.name} {r.getMessage()}" for r in caplog.records)
+    assert "admission_policy.operator" in text   # the operator did log at DEBUG
+    assert "PRIVATE KEY" not in text
+    for fragment in _kubernetes_secret_fragments(emulator):
+        assert fragment not in text
+    assert not [r for r in caplog.records if r.name.startswith(CLIENT_LOGGER_PREFIXES) and r.levelno < logging.WARNING]
+
+
+CLIENT_LOGGER_PREFIXES = ("kubernetes_asyncio", "urllib3", "aiohttp.client")
+
+
+def configurations(emulator: Emulator) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    return (emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME),
+            emulator.peek(MUTATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME))
+
+
+def webhooks_of(config: dict[str, Any] | None) -> Any:
+    return (config or {}).get("webhooks")
+
+
+async def test_deleted_or_edited_configurations_are_written_back(
+        emulator: Emulator, run_operator: Any, env: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 18 #6: deleted by hand while the operator runs, they never came back."""
+    mutating_policy = policy_body("label", mutations=[{"merge": {"metadata": {"labels": {"a": "b"}}}}])
+    async with operator_running(run_operator) as op:
+        await emulator.create(ADMISSION_POLICIES, policy_body("deny-bad", validations=DENY_BAD))
+        await emulator.create(ADMISSION_POLICIES, mutating_policy)
+        await wait_phase(emulator, "deny-bad", "Active")
+        await wait_phase(emulator, "label", "Active")
+        validating, mutating = configurations(emulator)
+        assert validating is not None and mutating is not None
+
+        await emulator.delete(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
+        await emulator.delete(MUTATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
+        await op.wait_for(lambda: all(configurations(emulator)))
+        again = configurations(emulator)
+        assert [webhooks_of(c) for c in again] == [webhooks_of(validating), webhooks_of(mutating)]
+
+        edited = copy.deepcopy(webhooks_of(again[0]))
+        edited[1]["failurePolicy"] = "Ignore"
+        edited[1]["rules"] = []
+        await emulator.patch(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME, {"webhooks": edited})
+        await op.wait_for(lambda: webhooks_of(configurations(emulator)[0]) == webhooks_of(validating))
+        for phase_now in (phase(emulator, "deny-bad"), phase(emulator, "label")):
+            assert phase_now == "Active"
+    assert any("were deleted or changed outside the operator; written back" in r.getMessage()
+               for r in caplog.records if r.levelno == logging.WARNING)
+
+
+async def test_policies_are_pending_while_their_configurations_are_lost_and_active_once_written_back(
+        emulator: Emulator, run_operator: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 18 #6: with the configurations gone, every policy still said Ready."""
+    from admission_policy.operator import registration
+    blocked = asyncio.Event()
+    apply = registration.apply_configurations
+
+    async def failing_while_blocked(*args: Any) -> bool:
+        if blocked.is_set():
+            raise RuntimeError("the API server refused the write (test)")
+        return await apply(*args)
+
+    monkeypatch.setattr(registration, "apply_configurations", failing_while_blocked)
+    async with operator_running(run_operator) as op:
+        await emulator.create(ADMISSION_POLICIES, policy_body("deny-bad", validations=DENY_BAD))
+        await wait_phase(emulator, "deny-bad", "Active")
+        blocked.set()
+        await emulator.delete(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
+        body = await wait_phase(emulator, "deny-bad", "Pending")
+        registered, ready = conditions(body)["Registered"], conditions(body)["Ready"]
+        assert registered["status"] == "False" and registered["reason"] == "RegistrationLost"
+        assert f"ValidatingWebhookConfiguration {CONFIG_NAME} is missing" in registered["message"]
+        assert "the API server refused the write (test)" in registered["message"]
+        assert ready["status"] == "False" and ready["reason"] == "RegistrationLost"
+        await op.wait_for(lambda: any(e["reason"] == "Pending" for e in emulator.events_for("deny-bad")))
+
+        blocked.clear()
+        body = await wait_phase(emulator, "deny-bad", "Active", timeout=40)
+        assert conditions(body)["Ready"]["status"] == "True"
+        assert configurations(emulator)[0] is not None
+        await op.wait_for(lambda: any(e["reason"] == "Active" and "Pending → Active" in e["message"]
+                                      for e in emulator.events_for("deny-bad")))
+    (lost,) = [e for e in emulator.events_for("deny-bad") if e["reason"] == "Pending"]
+    assert lost["type"] == "Warning" and "Active → Pending: the webhook configurations do not route" in lost["message"]
+
+
+async def test_a_policy_for_a_crd_created_a_moment_ago_is_never_degraded(
+        emulator: Emulator, run_operator: Any, env: dict[str, str]) -> None:
+    """Issue 18 #7: discovery cached for a minute made such a policy Degraded meanwhile."""
+    from admission_policy.operator import handlers
+    rules = [{"apiGroups": ["acme.com"], "apiVersions": ["v1"], "resources": ["widgets"], "operations": ["CREATE"]}]
+    phases: list[str | None] = []
+    async with operator_running(run_operator) as op:
+        await emulator.create(ADMISSION_POLICIES, policy_body("deny-bad", validations=DENY_BAD))
+        await wait_phase(emulator, "deny-bad", "Active")
+        assert handlers._operator is not None
+        await handlers._operator.discovery.resources()   # cached now, without widgets
+        emulator.declare_crd(widget_crd())
+        await emulator.create(ADMISSION_POLICIES, policy_body("widgets", validations=DENY_BAD,
+                                                              match={"resources": rules}))
+        await op.wait_for(lambda: phases.append(phase(emulator, "widgets")) or phases[-1] in ("Active", "Degraded"),
+                          timeout=20, interval=0.01)
+    assert "Degraded" not in phases and phases[-1] == "Active", phases
+    assert not [e for e in emulator.events_for("widgets") if e["reason"] == "Degraded"]
+
+
+def widget_crd() -> dict[str, Any]:
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "widgets.acme.com"},
+            "spec": {"group": "acme.com", "scope": "Namespaced",
+                     "names": {"kind": "Widget", "listKind": "WidgetList", "plural": "widgets", "singular": "widget"},
+                     "versions": [{"name": "v1", "served": True, "storage": True,
+                                   "schema": {"openAPIV3Schema": {"type": "object",
+                                                                  "x-kubernetes-preserve-unknown-fields": True}}}]}}
+
+
+def admission_request(resource: str, kind: str, name: str, *, group: str = "", version: str = "v1",
+                      namespace: str = "", operation: str = "UPDATE", labels: dict[str, str] | None = None,
+                      dry_run: bool = False, uid: str = "b0c1a2d3-0000-4000-8000-0000000000aa") -> dict[str, Any]:
+    """An AdmissionReview request for any object, as the API server sends it."""
+    body = {"apiVersion": f"{group}/{version}".lstrip("/"), "kind": kind,
+            "metadata": {"name": name, **({"namespace": namespace} if namespace else {}), "labels": labels or {}}}
+    return {"uid": uid, "kind": {"group": group, "version": version, "kind": kind},
+            "resource": {"group": group, "version": version, "resource": resource},
+            "name": name, "namespace": namespace, "operation": operation,
+            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+            "object": body, "oldObject": body if operation == "UPDATE" else None, "dryRun": dry_run}
+
+
+def webhook_client(emulator: Emulator, env: dict[str, str]) -> Webhook:
+    config = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
+    assert config is not None
+    return Webhook(ca_context(config["webhooks"][0]["clientConfig"]["caBundle"]),
+                   f"https://localhost:{env['AP_LISTEN_PORT']}")
+
+
+WILDCARD = {"apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"], "operations": ["*"]}
+NEEDS_TEAM = [{"expression": "object.metadata.labels.team != ''", "message": "a team label is required"}]
+
+
+async def test_a_wildcard_policy_never_judges_the_operators_own_api_or_namespace(
+        emulator: Emulator, run_operator: Any, env: dict[str, str]) -> None:
+    """Issue 18 #5: a policy matching everything judged AdmissionPolicies too, and locked itself in."""
+    async with operator_running(run_operator):
+        await emulator.create(ADMISSION_POLICIES, policy_body("needs-team", validations=NEEDS_TEAM,
+                                                              match={"resources": [WILDCARD]}))
+        await wait_phase(emulator, "needs-team", "Active")
+        webhook = webhook_client(emulator, env)
+        judged = [
+            admission_request("configmaps", "ConfigMap", "cm", namespace="default"),
+            admission_request("customresourcedefinitions", "CustomResourceDefinition", "widgets.acme.com",
+                              group="apiextensions.k8s.io"),
+        ]
+        never_judged = [
+            admission_request("admissionpolicies", "AdmissionPolicy", "needs-team", group="policy-operator.dev",
+                              version="v1alpha1"),
+            admission_request("admissionpolicies", "AdmissionPolicy", "needs-team", group="policy-operator.dev",
+                              version="v1alpha1", operation="DELETE"),
+            admission_request("customresourcedefinitions", "CustomResourceDefinition",
+                              "admissionpolicies.policy-operator.dev", group="apiextensions.k8s.io"),
+            admission_request("clusterkopfpeerings", "ClusterKopfPeering", "peering", group="kopf.dev"),
+            admission_request("secrets", "Secret", "tls", namespace=NAMESPACE),
+            admission_request("configmaps", "ConfigMap", "cm", namespace="kube-system"),
+            admission_request("namespaces", "Namespace", NAMESPACE, namespace=NAMESPACE),
+        ]
+        for request in judged:
+            response = await webhook.review("/validate", request)
+            assert response["allowed"] is False, request["resource"]
+        for request in never_judged:
+            response = await webhook.review("/validate", request)
+            assert response["allowed"] is True, (request["resource"], request["name"], response)
+    validating = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
+    assert validating is not None
+    (routed,) = [w for w in validating["webhooks"] if w["name"] == "fail.validate.policy-operator.dev"]
+    resources = {(group, r) for rule in routed["rules"] for group in rule["apiGroups"] for r in rule["resources"]}
+    assert ("policy-operator.dev", "admissionpolicies") not in resources
+    assert ("apiextensions.k8s.io", "customresourcedefinitions") in resources
+    assert [c["name"] for c in routed["matchConditions"]] == ["not-the-operators-own-crds"]
+
+
+async def test_denials_are_info_lines_rate_limited_per_policy_and_every_decision_a_debug_line(
+        emulator: Emulator, run_operator: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 18 #9: a denied Pod logged only "Webhook 'validate' succeeded"."""
+    from admission_policy.operator import handlers
+    async with at_debug_with_deny_bad(emulator, run_operator, monkeypatch, caplog):
+        webhook = webhook_client(emulator, env)
+        assert (await webhook.review("/validate", pod_request("good")))["allowed"] is True
+        request = pod_request("bad")
+        request["dryRun"] = True
+        assert (await webhook.review("/validate", request))["allowed"] is False
+        for _ in range(12):
+            assert (await webhook.review("/validate", pod_request("bad")))["allowed"] is False
+        assert handlers._operator is not None
+        log = handlers._operator.decisions
+        later = log.clock() + log.window
+        log.clock = lambda: later
+        log.flush()
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "admission_policy.operator.decisions"]
+    info = [text for level, text in lines if level == logging.INFO]
+    assert info[0] == "AdmissionPolicy deny-bad: denied CREATE Pod default/bad by alice (dry run): bad name"
+    assert info[1:10] == ["AdmissionPolicy deny-bad: denied CREATE Pod default/bad by alice: bad name"] * 9
+    assert info[10:] == ["AdmissionPolicy deny-bad: 3 more decision line(s) suppressed in 60s "
+                         "(at most 10 per 60s per policy)"]
+    debug = [text for level, text in lines if level == logging.DEBUG]
+    assert debug[0] == "Admission CREATE Pod default/good by alice via validate: allowed: deny-bad allowed"
+    assert len(debug) == 14
+
+
+@pytest.mark.parametrize("port", ["AP_LISTEN_PORT", "AP_HEALTH_PORT", "AP_METRICS_PORT"])
+# Kopf leaves its login coroutine unawaited when start-up fails before it.
+@pytest.mark.filterwarnings("ignore:coroutine 'authenticator' was never awaited:RuntimeWarning")
+async def test_a_port_in_use_stops_the_operator_with_one_clear_line(
+        emulator: Emulator, run_operator: Any, env: dict[str, str], port: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 18: a taken port made the operator retry for ever."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", int(env[port])))
+        taken.listen()
+        with pytest.raises(Exception, match="One or more handlers failed"):
+            async with operator_running(run_operator):
+                pass
+    (line,) = [r for r in caplog.records if "cannot listen on" in r.getMessage()]
+    assert f"cannot listen on 127.0.0.1:{env[port]} ({port}" in line.getMessage()
+    assert "Address already in use" in line.getMessage()
+
+
+async def test_on_shutdown_the_log_says_the_webhooks_stay_and_fail_closed(
+        emulator: Emulator, run_operator: Any, env: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
+    async with operator_running(run_operator):
+        await emulator.create(ADMISSION_POLICIES, policy_body("deny-bad", validations=DENY_BAD))
+        await wait_phase(emulator, "deny-bad", "Active")
+    (line,) = [r for r in caplog.records if r.getMessage().startswith("Stopping.")]
+    assert line.levelno == logging.WARNING
+    text = line.getMessage()
+    assert f"webhook configurations {CONFIG_NAME} stay in place" in text
+    assert "fail closed for 1 failurePolicy Fail policies (deny-bad)" in text
+    assert f"admission-policy cleanup-webhooks --name {CONFIG_NAME}" in text

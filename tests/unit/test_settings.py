@@ -114,3 +114,10 @@ def test_bracketed_ipv6_advertise_host_is_unwrapped() -> None:
 def test_bad_values_name_the_variable(name: str, value: str) -> None:
     with pytest.raises(ValueError, match=name):
         OperatorSettings.from_env({name: value})
+
+
+def test_evaluation_ends_before_the_api_server_stops_waiting() -> None:
+    """The engine's deadline leaves time to answer inside every allowed webhook timeout."""
+    assert OperatorSettings(webhook_timeout=5).evaluation_deadline == 4.0
+    assert OperatorSettings(webhook_timeout=30).evaluation_deadline == 29.0
+    assert 0 < OperatorSettings(webhook_timeout=1).evaluation_deadline < 1

@@ -115,3 +115,49 @@ async def test_waiting_for_registration() -> None:
     assert not await store.wait_unregistered("p", timeout=0.05)
     await store.mark_registered({})
     assert await store.wait_unregistered("p", timeout=0.05)
+
+
+def test_lost_registration_is_pending_not_degraded_and_not_ready() -> None:
+    lost = Observation(Condition("Compiled", "True", "Compiled", "ok"),
+                       Condition("Registered", "False", conditions.REGISTRATION_LOST, "gone"))
+    assert lost.phase == "Pending"
+    assert lost.ready == Condition("Ready", "False", conditions.REGISTRATION_LOST, "gone")
+
+
+def test_conditions_are_read_back_from_a_status() -> None:
+    status = conditions.status_patch(None, observation("True", "True"), 3, T0)
+    assert conditions.from_status(status, "Registered") == Condition("Registered", "True", "R2", "m2")
+    assert conditions.from_status({}, "Registered") is None
+
+
+async def test_a_lost_registration_unroutes_everything_until_the_next_write() -> None:
+    store = PolicyStore()
+    await store.mark_registered({"p": 2})
+    changed = store.registration_changed()
+    await store.mark_lost("ValidatingWebhookConfiguration x is missing")
+    assert changed.is_set() and not store.registration_changed().is_set()
+    assert store.registration_lost == "ValidatingWebhookConfiguration x is missing"
+    assert not await store.wait_registered("p", 2, timeout=0.05)
+    changed = store.registration_changed()
+    await store.mark_registered({"p": 2})
+    assert changed.is_set() and store.registration_lost == ""
+    assert await store.wait_registered("p", 2, timeout=0.05)
+    # A write that changes nothing wakes no one.
+    changed = store.registration_changed()
+    await store.mark_registered({"p": 2})
+    assert not changed.is_set()
+
+
+def test_only_the_first_live_peer_reconciles() -> None:
+    """The rule by which Kopf pauses replicas, read from the ClusterKopfPeering's status."""
+    from admission_policy.operator.kube import first_in_peering
+
+    def peer(priority: int, seen: datetime.datetime, lifetime: int = 60) -> dict[str, Any]:
+        return {"priority": priority, "lifetime": lifetime, "lastseen": seen.isoformat()}
+
+    assert first_in_peering({"me": peer(5, T0)}, 5, T0)
+    assert first_in_peering({"me": peer(5, T0), "other": peer(3, T0)}, 5, T0)
+    assert not first_in_peering({"me": peer(5, T0), "other": peer(7, T0)}, 5, T0)
+    assert not first_in_peering({"me": peer(5, T0), "twin": peer(5, T0)}, 5, T0)   # Kopf pauses both
+    assert first_in_peering({"me": peer(5, T1), "gone": peer(7, T0, lifetime=60)}, 5, T1)
+    assert first_in_peering({}, 5, T0)

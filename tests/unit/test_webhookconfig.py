@@ -1,6 +1,7 @@
 """Webhook configuration bodies: every field, determinism, expansion, exclusions, client configs."""
 
 import base64
+import copy
 from typing import Any
 
 import pytest
@@ -12,6 +13,8 @@ from admission_policy.operator.webhookconfig import (
     RouteRule,
     build_mutating_configuration,
     build_validating_configuration,
+    holds,
+    never_judged,
     unserved_resources,
 )
 
@@ -38,6 +41,8 @@ DISCOVERED = (
     DiscoveredResource("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", ("status",)),
     DiscoveredResource("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings"),
     DiscoveredResource("policy-operator.dev", "v1alpha1", "admissionpolicies", ("status",), False),
+    DiscoveredResource("apiextensions.k8s.io", "v1", "customresourcedefinitions", ("status",), False),
+    DiscoveredResource("kopf.dev", "v1", "clusterkopfpeerings", (), False),
 )
 
 
@@ -273,7 +278,7 @@ def test_wildcards_expand_from_discovery_without_never_routed_resources() -> Non
         ("", "namespaces"),
         ("apps", "deployments"),
         ("autoscaling", "horizontalpodautoscalers"),
-        ("policy-operator.dev", "admissionpolicies"),
+        ("apiextensions.k8s.io", "customresourcedefinitions"),
     }
     assert not pairs & NEVER_ROUTED
     rules = webhook(config, "fail.validate.policy-operator.dev")["rules"]
@@ -290,7 +295,7 @@ def test_wildcard_subresources_expand_per_resource() -> None:
         ("", "namespaces/status"),
         ("apps", "deployments/status"),
         ("autoscaling", "horizontalpodautoscalers/status"),
-        ("policy-operator.dev", "admissionpolicies/status"),
+        ("apiextensions.k8s.io", "customresourcedefinitions/status"),
     }
 
 
@@ -394,3 +399,70 @@ def test_unserved_resources() -> None:
         "pods/bogus (not served by the cluster)",
         "widgets (not served by the cluster)",
     ]
+
+
+# ---- issue 18: the operator's own API is never judged; drift is recognised ----------------------------
+
+
+def test_the_operators_own_api_is_never_routed_even_when_named() -> None:
+    config = validating(route(groups=("policy-operator.dev", "kopf.dev"), resources=("*",)),
+                        route(groups=("policy-operator.dev",), resources=("admissionpolicies", "admissionpolicies/*")),
+                        route(groups=("kopf.dev",), resources=("clusterkopfpeerings", "kopfpeerings")))
+    assert [w["name"] for w in config["webhooks"]] == ["policies.validate.policy-operator.dev"]
+    named = route(groups=("policy-operator.dev",), resources=("admissionpolicies",))
+    assert unserved_resources([named], DISCOVERED) == [
+        "admissionpolicies.policy-operator.dev (never sent to admission webhooks)"]
+
+
+def test_webhooks_routing_crds_skip_the_operators_own_crds_by_name() -> None:
+    config = validating(route(groups=("*",), resources=("*",), failure_policy="Ignore"), route())
+    ignore = webhook(config, "ignore.validate.policy-operator.dev")
+    assert ignore["matchConditions"] == [{
+        "name": "not-the-operators-own-crds",
+        "expression": "!(request.resource.group == 'apiextensions.k8s.io' && request.resource.resource == "
+                      "'customresourcedefinitions' && request.name in ['admissionpolicies.policy-operator.dev', "
+                      "'clusterkopfpeerings.kopf.dev', 'kopfpeerings.kopf.dev'])"}]
+    assert "matchConditions" not in webhook(config, "fail.validate.policy-operator.dev")   # pods only
+
+
+@pytest.mark.parametrize(("group", "resource", "namespace", "name", "judged"), [
+    ("", "pods", "default", "web", True),
+    ("", "pods", "kube-system", "web", False),
+    ("", "secrets", SETTINGS.namespace, "tls", False),
+    ("", "namespaces", SETTINGS.namespace, SETTINGS.namespace, False),
+    ("", "namespaces", "", "cert-manager", False),
+    ("", "namespaces", "", "team-a", True),
+    ("policy-operator.dev", "admissionpolicies", "", "any", False),
+    ("kopf.dev", "clusterkopfpeerings", "", "any", False),
+    ("coordination.k8s.io", "leases", "team-a", "any", False),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "", "admissionpolicies.policy-operator.dev", False),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "", "widgets.acme.com", True),
+])
+def test_never_judged_mirrors_the_routing(group: str, resource: str, namespace: str, name: str, judged: bool) -> None:
+    assert never_judged(SETTINGS, group, resource, namespace, name) is not judged
+
+
+def test_a_configuration_edited_by_hand_no_longer_holds() -> None:
+    desired = validating(route(), route(failure_policy="Ignore"))
+    as_stored = copy.deepcopy(desired)
+    # What the API server adds or fills in is not drift.
+    as_stored["metadata"].update(resourceVersion="7", uid="u", labels={**desired["metadata"]["labels"], "x": "y"})
+    for hook in as_stored["webhooks"]:
+        hook.setdefault("namespaceSelector", {})
+        hook.setdefault("objectSelector", {"matchExpressions": None, "matchLabels": None})   # a client model's
+        hook["clientConfig"]["url"] = None
+    as_stored["webhooks"][1]["reinvocationPolicy"] = "Never"
+    assert holds(as_stored, desired)
+
+    edits = [
+        lambda c: c["webhooks"][1]["rules"].pop(),
+        lambda c: c["webhooks"][1].update(failurePolicy="Ignore"),
+        lambda c: c["webhooks"].append(copy.deepcopy(c["webhooks"][1])),
+        lambda c: c["webhooks"][0].update(objectSelector={"matchLabels": {"a": "b"}}),
+        lambda c: c["webhooks"][1].update(matchConditions=[{"name": "never", "expression": "false"}]),
+        lambda c: c["metadata"]["labels"].clear(),
+    ]
+    for edit in edits:
+        edited = copy.deepcopy(as_stored)
+        edit(edited)
+        assert not holds(edited, desired), edit

@@ -20,6 +20,11 @@ COMPILED: Final = "Compiled"
 REGISTERED: Final = "Registered"
 READY: Final = "Ready"
 
+# Registered=False for this reason is the operator's own trouble (its webhook configurations were
+# deleted or edited and cannot be written back), retried by itself: Pending, not Degraded, which
+# means "the user can fix the policy".
+REGISTRATION_LOST: Final = "RegistrationLost"
+
 
 @dataclasses.dataclass(frozen=True)
 class Condition:
@@ -39,7 +44,7 @@ class Observation:
     def phase(self) -> Phase:
         if self.compiled.status == "False":
             return "Failed"
-        if self.registered.status == "False":
+        if self.registered.status == "False" and self.registered.reason != REGISTRATION_LOST:
             return "Degraded"
         if self.compiled.status == "True" and self.registered.status == "True":
             return "Active"
@@ -52,6 +57,16 @@ class Observation:
         blocking = self.compiled if self.compiled.status != "True" else self.registered
         status: ConditionStatus = "Unknown" if blocking.status == "Unknown" else "False"
         return Condition(READY, status, blocking.reason, blocking.message)
+
+
+def from_status(status: Mapping[str, Any] | None, type_: str) -> Condition | None:
+    """A condition as written in a status, or None when absent."""
+    for found in (status or {}).get("conditions") or []:
+        if isinstance(found, Mapping) and found.get("type") == type_:
+            state = found.get("status")
+            return Condition(type_, state if state in ("True", "False") else "Unknown",
+                             str(found.get("reason") or ""), str(found.get("message") or ""))
+    return None
 
 
 def pending(reason: str = "Reconciling", message: str = "the operator is loading this generation") -> Observation:

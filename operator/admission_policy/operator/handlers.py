@@ -9,12 +9,14 @@ engine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import gc
 import hashlib
 import logging
 import os
+import socket
 import time
 from collections.abc import Coroutine, Mapping
 from typing import Any
@@ -25,15 +27,22 @@ from kubernetes_asyncio import client
 from .. import api
 from ..engine import Decision, Phase, PolicyCompileError, evaluate
 from . import certificates, conditions, events, metrics, registration, watcher
-from .kube import Discovery, new_api_client
+from .decisions import DecisionLog
+from .kube import Discovery, leads_peering, new_api_client
 from .settings import OperatorSettings
 from .store import FINALIZER, PolicyStore, error_text, load_policy
 from .webhook import PolicyWebhookServer, current_exchange
-from .webhookconfig import unserved_resources
+from .webhookconfig import EXEMPT_LABEL, NOT_SERVED, never_judged, unserved_resources
 
 logger = logging.getLogger(__name__)
 
 REGISTRATION_TIMEOUT = 20.0      # how long reconciliation waits for the configurations to be written
+DISCOVERY_GRACE = 10.0           # how long a new generation waits for a resource it names to be served
+DISCOVERY_POLL = 1.0
+FOLLOW_INTERVAL = 30.0           # while the configurations are lost, re-list the policies this often
+# Loggers of the HTTP clients: at DEBUG they print whole response bodies, the certificate Secret's
+# private keys included. They stay at WARNING whatever the operator's level (issue 18).
+CLIENT_LOGGERS = ("kubernetes_asyncio", "client", "urllib3", "aiohttp.client", "aiohttp.internal")
 CERT_CHECK_INTERVAL = 3600.0
 RECONCILE_WORKERS = 20
 
@@ -47,8 +56,17 @@ class Operator:
     discovery: Discovery
     bundle: certificates.CertificateBundle
     events: events.PolicyEvents
+    decisions: DecisionLog = dataclasses.field(default_factory=DecisionLog)
+    kopf_settings: kopf.OperatorSettings | None = None
     tasks: list[asyncio.Task[Any]] = dataclasses.field(default_factory=list)
     runners: list[Any] = dataclasses.field(default_factory=list)
+
+    async def reconciles(self) -> bool:
+        """Whether Kopf lets this replica reconcile now (standalone, or first in the peering)."""
+        peering = self.kopf_settings.peering if self.kopf_settings is not None else None
+        if peering is None or peering.standalone:
+            return True
+        return await leads_peering(self.api_client, peering.name, peering.priority)
 
     def spawn(self, name: str, coroutine: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(coroutine, name=f"admission-policy: {name}")
@@ -74,15 +92,12 @@ def peering_priority(pod_name: str) -> int:
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _operator
     config = OperatorSettings.from_env(os.environ)
-    logging.getLogger("admission_policy").setLevel(config.log_level)
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    # Kopf logs every admission request at INFO on "kopf.objects" ("Webhook 'validate' succeeded").
-    # The operator logs (and posts as Events) what matters about a policy itself, so Kopf's
-    # per-object lines start at WARNING unless debugging: a handler that fails still shows.
-    logging.getLogger("kopf.objects").setLevel(logging.DEBUG if config.log_level == "DEBUG" else logging.WARNING)
-    logging.logProcesses = logging.logThreads = logging.logMultiprocessing = False   # cheaper records
+    _configure_logging(config.log_level)
 
     settings.admission.managed = None          # we write the configurations ourselves (DESIGN §5)
+    # Kopf would post its own events about policies (a handler failed) into the operator's
+    # namespace, where `kubectl describe ap` never looks; the operator posts its own (events.py).
+    settings.posting.enabled = False
     settings.persistence.finalizer = FINALIZER
     # A thousand policies at startup would otherwise each get a worker at once; the peak memory of
     # that burst stays with the process (Python rarely returns it), so reconcile a few at a time.
@@ -93,6 +108,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     if settings.peering.priority == 0:
         settings.peering.priority = peering_priority(config.pod_name)
 
+    _check_ports_free(config)
     api_client = await new_api_client()
     store = PolicyStore(config.default_failure_policy)
     try:
@@ -107,18 +123,24 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     paths = certificates.write_files(bundle, config.cert_dir)
     settings.admission.server = PolicyWebhookServer(
         listening=store.listening, addr=config.listen_host, port=config.listen_port,
-        certfile=paths.certfile, pkeyfile=paths.pkeyfile, cafile=paths.cafile, file_check_interval=10.0)
+        certfile=paths.certfile, pkeyfile=paths.pkeyfile, cafile=paths.cafile, file_check_interval=10.0,
+        max_connections=config.max_connections, body_timeout=config.webhook_timeout)
 
     _operator = op = Operator(config, store, api_client, Discovery(api_client), bundle,
-                              events.PolicyEvents("admission-policy-operator"))
-    op.runners.append(await metrics.serve_probes(config.listen_host, config.health_port, lambda: store.ready))
+                              events.PolicyEvents("admission-policy-operator"), kopf_settings=settings)
+    op.runners.append(await _listening(metrics.serve_probes(config.listen_host, config.health_port,
+                                                            lambda: store.ready),
+                                       config.listen_host, config.health_port, "AP_HEALTH_PORT, the probes"))
     if config.metrics_port:
-        op.runners.append(await metrics.serve_metrics(config.listen_host, config.metrics_port))
+        op.runners.append(await _listening(metrics.serve_metrics(config.listen_host, config.metrics_port),
+                                           config.listen_host, config.metrics_port, "AP_METRICS_PORT, the metrics"))
     op.spawn("policy watcher", watcher.watch_policies(api_client, store))
     op.spawn("namespace watcher", watcher.watch_namespaces(api_client, store))
     op.spawn("webhook configurations",
              registration.keep_configurations(api_client, config, store, op.discovery, lambda: op.bundle.ca_bundle))
     op.spawn("denial events", op.events.run(api_client, store.uids.get))
+    op.spawn("decision log", op.decisions.run())
+    op.spawn("registration status", _follow_registration(op))
     op.spawn("certificate renewal", _renew_certificates(op))
     op.spawn("heap freeze", _freeze_after_load(store))
     metrics.POLICIES.set_function(lambda: len(store.policies))   # read at scrape time
@@ -134,6 +156,7 @@ async def cleanup(**_: Any) -> None:
     if _operator is None:
         return
     op, _operator = _operator, None
+    _log_what_stays(op)
     for task in op.tasks:
         task.cancel()
     await asyncio.gather(*op.tasks, return_exceptions=True)
@@ -153,7 +176,9 @@ async def reconcile(body: kopf.Body, name: str, meta: kopf.Meta, status: kopf.St
     generation = int(meta.get("generation") or 0)
     if status.get("observedGeneration") != generation:
         await _write_status(op, name, conditions.status_patch(status, conditions.pending(), generation, _now()))
-    observation = await observe(op, body, name, generation)
+    # Already found Degraded for this generation (a restart): no grace for discovery, no flapping.
+    settle = not (status.get("phase") == "Degraded" and status.get("observedGeneration") == generation)
+    observation = await observe(op, body, name, generation, settle=settle)
     patch.status.update(conditions.status_patch(status, observation, generation, _now()))
     await _announce(op, body, status.get("phase"), observation)
     if observation.phase == "Pending":
@@ -174,8 +199,13 @@ async def recheck_degraded(body: kopf.Body, name: str, meta: kopf.Meta, status: 
         await _announce(op, body, status.get("phase"), observation)
 
 
-async def observe(op: Operator, body: Mapping[str, Any], name: str, generation: int) -> conditions.Observation:
-    """Compile this generation, check what it names against discovery, wait until it is routed."""
+async def observe(op: Operator, body: Mapping[str, Any], name: str, generation: int,
+                  *, settle: bool = False) -> conditions.Observation:
+    """Compile this generation, check what it names against discovery, wait until it is routed.
+
+    ``settle``: a resource discovery does not know yet gets ``DISCOVERY_GRACE`` to appear — a CRD
+    applied together with its policy is served a moment later, and cached discovery is older.
+    """
     # The watcher has usually compiled this generation already: share it.
     compiled = op.store.policies.get(name) if op.store.generations.get(name) == generation else None
     try:
@@ -189,10 +219,14 @@ async def observe(op: Operator, body: Mapping[str, Any], name: str, generation: 
             conditions.Condition(conditions.REGISTERED, "Unknown", "NotCompiled", "this generation did not compile"))
     compiled_ok = conditions.Condition(conditions.COMPILED, "True", "Compiled",
                                    f"{len(compiled.policy.expressions())} CEL expression(s) compiled and type-checked")
+    if op.store.registration_lost:
+        return conditions.Observation(compiled_ok, _registration_lost(op))
     if not await op.store.wait_registered(name, generation, REGISTRATION_TIMEOUT):
+        if op.store.registration_lost:
+            return conditions.Observation(compiled_ok, _registration_lost(op))
         return conditions.Observation(compiled_ok, conditions.Condition(
             conditions.REGISTERED, "Unknown", "Registering", "waiting for the webhook configurations to be written"))
-    unserved = unserved_resources(registration.routes(compiled), await op.discovery.resources())
+    unserved = await _unserved(op, compiled, settle)
     if unserved:
         return conditions.Observation(compiled_ok, conditions.Condition(
             conditions.REGISTERED, "False", "UnservedResources",
@@ -201,6 +235,78 @@ async def observe(op: Operator, body: Mapping[str, Any], name: str, generation: 
     return conditions.Observation(compiled_ok, conditions.Condition(
         conditions.REGISTERED, "True", "Registered",
         f"routed by {op.settings.webhook_config_name} webhook configurations"))
+
+
+async def _unserved(op: Operator, compiled: Any, settle: bool) -> list[str]:
+    """What the policy names that the cluster does not serve, asking discovery again on a miss
+    (rate-limited in ``Discovery``) before saying so."""
+    routes = registration.routes(compiled)
+    unserved = unserved_resources(routes, await op.discovery.resources())
+    deadline = time.monotonic() + (DISCOVERY_GRACE if settle else 0.0)
+    while any(item.endswith(NOT_SERVED) for item in unserved):
+        unserved = unserved_resources(routes, await op.discovery.fresh_resources())
+        if not unserved or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(DISCOVERY_POLL)
+    return unserved
+
+
+def _registration_lost(op: Operator) -> conditions.Condition:
+    return conditions.Condition(conditions.REGISTERED, "False", conditions.REGISTRATION_LOST,
+                                f"the webhook configurations do not route this policy: {op.store.registration_lost}")
+
+
+async def _follow_registration(op: Operator) -> None:
+    """Registered/Ready follow what the API server holds, not what was once written: when the
+    webhook configurations are lost (deleted or edited by hand, and not written back) the Active
+    policies go Pending, and once they are written back those go Active again.
+
+    Every replica sees the loss (each keeps the configurations), but only the one that reconciles
+    writes statuses. One task, waking only when the loss begins or ends (and every
+    ``FOLLOW_INTERVAL`` while it lasts, for a change of the reconciling replica): a Kopf daemon
+    or timer per policy would cost every policy a task and a kept copy of its body."""
+    lost = False
+    while True:
+        changed = op.store.registration_changed()
+        if bool(op.store.registration_lost) != lost or op.store.registration_lost:
+            try:
+                if await op.reconciles():
+                    await _update_registered(op)
+                    lost = bool(op.store.registration_lost)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("Updating the policies' Registered condition failed: %s", exc)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(FOLLOW_INTERVAL if op.store.registration_lost else None):
+                await changed.wait()
+
+
+async def _update_registered(op: Operator) -> None:
+    objects = client.CustomObjectsApi(op.api_client)
+    listing: Any = await objects.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL,
+                                                            _preload_content=False)
+    for raw in (await listing.json()).get("items", []):
+        await _follow(op, kopf.Body(raw))
+
+
+async def _follow(op: Operator, body: kopf.Body) -> None:
+    name, meta, status = body.metadata.name or "", body.metadata, body.status
+    generation = int(meta.get("generation") or 0)
+    if status.get("observedGeneration") != generation or meta.get("deletionTimestamp"):
+        return   # reconciliation has this generation in hand
+    old_phase = status.get("phase")
+    registered = conditions.from_status(status, conditions.REGISTERED)
+    was_lost = registered is not None and registered.reason == conditions.REGISTRATION_LOST
+    compiled = conditions.from_status(status, conditions.COMPILED)
+    if op.store.registration_lost and old_phase == "Active" and compiled is not None:
+        observation = conditions.Observation(compiled, _registration_lost(op))
+    elif not op.store.registration_lost and was_lost:
+        observation = await observe(op, body, name, generation)
+    else:
+        return
+    await _write_status(op, name, conditions.status_patch(status, observation, generation, _now()))
+    await _announce(op, body, old_phase, observation)
 
 
 @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL)
@@ -223,7 +329,7 @@ async def _announce(op: Operator, body: kopf.Body, old_phase: str | None,
         return
     name = body.metadata.name or ""
     message = f"{old_phase or '(new)'} → {observation.phase}: {observation.ready.message}"
-    warning = observation.phase in ("Failed", "Degraded")
+    warning = observation.phase in ("Failed", "Degraded") or observation.ready.reason == conditions.REGISTRATION_LOST
     logger.log(logging.WARNING if warning else logging.INFO, "AdmissionPolicy %s: %s", name, message)
     await op.events.post(op.api_client, name, body.metadata.uid, type_="Warning" if warning else "Normal",
                          reason=observation.phase, message=message)
@@ -252,15 +358,21 @@ async def mutate(**_: Any) -> None:
 async def _decide(phase: Phase, webhook: str) -> None:
     """The engine's decision, stored for the response (see ``webhook``)."""
     op = operator()
+    arrived = time.monotonic()
     exchange = current_exchange()
     request = exchange.request
+    if never_judged(op.settings, request.group, request.resource, request.namespace, request.name):
+        exchange.decision = Decision(allowed=True)   # the operator's own API and namespace (issue 18)
+        return
     namespace = None
     if request.namespace:
         namespace = op.store.namespaces.get(request.namespace) or await _fetch_namespace(op, request.namespace)
     started = time.perf_counter()
-    decision = evaluate(op.store.policies, request, namespace, phase)
+    decision = evaluate(op.store.policies, request, namespace, phase,
+                        deadline=arrived + op.settings.evaluation_deadline)
     metrics.observe(decision, request.operation, webhook, time.perf_counter() - started)
     exchange.decision = decision
+    op.decisions.record(request, decision, webhook)
     if not decision.allowed and not request.dry_run:
         for outcome in decision.outcomes:
             if outcome.denied:
@@ -282,6 +394,7 @@ async def validate_policy(**_: Any) -> None:
     except (api.PolicyError, PolicyCompileError) as error:
         message = f"AdmissionPolicy {exchange.request.name!r} is invalid: {error_text(error)}"
         exchange.decision = Decision(allowed=False, code=422, reason="Invalid", message=message)
+        op.decisions.refused_policy(request, message)
         return
     exchange.decision = Decision(allowed=True)
 
@@ -334,6 +447,87 @@ async def _freeze_after_load(store: PolicyStore) -> None:
     await store.wait_registration_after(0, timeout=REGISTRATION_TIMEOUT)
     gc.collect()
     gc.freeze()
+
+
+# --- logging and start-up checks --------------------------------------------------------------------------
+
+def _configure_logging(level: str) -> None:
+    logging.getLogger("admission_policy").setLevel(level)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    for name in CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # Kopf logs every admission request at INFO on "kopf.objects" ("Webhook 'validate' succeeded").
+    # The operator logs (and posts as Events) what matters about a policy itself, so Kopf's
+    # per-object lines start at WARNING unless debugging: a handler that fails still shows.
+    logging.getLogger("kopf.objects").setLevel(logging.DEBUG if level == "DEBUG" else logging.WARNING)
+    logging.logProcesses = logging.logThreads = logging.logMultiprocessing = False   # cheaper records
+    _widen_logger_names()
+
+
+# `kopf run` formats records as "%(name)-20.20s": "admission_policy.operator.registration" would
+# read "admission_policy.ope" (kopf/_core/actions/loggers.py, LogFormat.FULL).
+_CUT_NAME = "%(name)-20.20s"
+
+
+def _widen_logger_names() -> None:
+    """Let Kopf's text format print logger names whole."""
+    for handler in logging.getLogger().handlers:
+        formatter = handler.formatter
+        fmt = getattr(formatter, "_fmt", None)
+        if formatter is not None and isinstance(fmt, str) and _CUT_NAME in fmt:
+            handler.setFormatter(type(formatter)(fmt.replace(_CUT_NAME, "%(name)s"), formatter.datefmt))
+
+
+def _check_ports_free(config: OperatorSettings) -> None:
+    for port, what in ((config.listen_port, "AP_LISTEN_PORT, the webhook server"),
+                       (config.health_port, "AP_HEALTH_PORT, the probes"),
+                       (config.metrics_port, "AP_METRICS_PORT, the metrics")):
+        if port:
+            _check_port_free(config.listen_host, port, what)
+
+
+def _check_port_free(host: str, port: int, what: str) -> None:
+    """Kopf starts the webhook server later and, should its port be taken, retries for ever: say
+    so once, at start-up, and stop."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise kopf.PermanentError(f"cannot listen on {host}:{port} ({what}): {exc}") from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as aiohttp does
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                raise _port_error(host, port, what, exc) from None
+
+
+async def _listening(starting: Coroutine[Any, Any, Any], host: str, port: int, what: str) -> Any:
+    try:
+        return await starting
+    except OSError as exc:
+        raise _port_error(host, port, what, exc) from None
+
+
+def _port_error(host: str, port: int, what: str, error: OSError) -> kopf.PermanentError:
+    reason = os.strerror(error.errno) if error.errno else str(error)
+    return kopf.PermanentError(f"cannot listen on {host}:{port} ({what}): {reason}; "
+                               "is another process using it? choose a free port")
+
+
+def _log_what_stays(op: Operator) -> None:
+    """On the way out, say what the cluster is left with: the configurations are shared by every
+    replica, so they stay, and while no replica runs they fail closed."""
+    name = op.settings.webhook_config_name
+    failing = sorted(p.name for p in op.store.policies if p.policy.failure_policy == "Fail")
+    exempt = ", ".join(op.settings.all_exempt_namespaces)
+    logger.log(logging.WARNING if failing else logging.INFO,
+               "Stopping. The webhook configurations %s stay in place for the other replicas; while none runs, "
+               "the requests they route fail closed for %d failurePolicy Fail policies%s and AdmissionPolicy "
+               "writes are refused (never in namespaces %s, nor for objects labelled %s=true). "
+               "If the operator is not coming back: admission-policy cleanup-webhooks --name %s",
+               name, len(failing), f" ({', '.join(failing[:5])}{', …' if len(failing) > 5 else ''})" if failing
+               else "", exempt, EXEMPT_LABEL, name)
 
 
 def _report_crash(task: asyncio.Task[Any]) -> None:

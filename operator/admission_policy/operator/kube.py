@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import time
 from typing import Any
@@ -23,6 +24,42 @@ async def new_api_client() -> client.ApiClient:
     return client.ApiClient(configuration=configuration)
 
 
+async def leads_peering(api: client.ApiClient, name: str, priority: int) -> bool:
+    """Whether Kopf's peering lets the replica of this ``priority`` reconcile: no live peer of a
+    higher priority and no other of the same one in the ClusterKopfPeering ``name`` — the rule by
+    which Kopf pauses the others (kopf/_core/engines/peering.py: process_peering_event). Without
+    the object, Kopf does not pause."""
+    objects = client.CustomObjectsApi(api)
+    try:
+        listing: Any = await objects.list_cluster_custom_object(
+            "kopf.dev", "v1", "clusterkopfpeerings", field_selector=f"metadata.name={name}")
+    except client.ApiException as exc:
+        if exc.status == 404:   # no peering CRD
+            return True
+        raise
+    items = [item for item in listing.get("items") or [] if item.get("metadata", {}).get("name") == name]
+    if not items:
+        return True
+    return first_in_peering(items[0].get("status") or {}, priority, datetime.datetime.now(datetime.UTC))
+
+
+def first_in_peering(peers: dict[str, Any], priority: int, now: datetime.datetime) -> bool:
+    """Given a peering object's status (identity → priority, lifetime, lastseen)."""
+    live = [int(peer.get("priority") or 0) for peer in peers.values()
+            if isinstance(peer, dict) and not _expired(peer, now)]
+    return not any(other > priority for other in live) and live.count(priority) <= 1
+
+
+def _expired(peer: dict[str, Any], now: datetime.datetime) -> bool:
+    try:
+        seen = datetime.datetime.fromisoformat(str(peer["lastseen"]))
+    except (KeyError, ValueError):
+        return False
+    if seen.tzinfo is None:
+        seen = seen.replace(tzinfo=datetime.UTC)
+    return seen + datetime.timedelta(seconds=int(peer.get("lifetime") or 60)) <= now
+
+
 class Discovery:
     """Served resources at their preferred versions, cached for a while.
 
@@ -30,9 +67,10 @@ class Discovery:
     that names a resource the cluster does not serve is reported Degraded.
     """
 
-    def __init__(self, api: client.ApiClient, max_age: float = 60.0) -> None:
+    def __init__(self, api: client.ApiClient, max_age: float = 60.0, min_age: float = 1.0) -> None:
         self._api = api
         self._max_age = max_age
+        self._min_age = min_age   # a forced refresh reuses a discovery younger than this
         self._cached: tuple[float, tuple[DiscoveredResource, ...]] | None = None
         self._lock = asyncio.Lock()
 
@@ -40,8 +78,17 @@ class Discovery:
         self._cached = None
 
     async def resources(self) -> tuple[DiscoveredResource, ...]:
+        return await self._within(self._max_age)
+
+    async def fresh_resources(self) -> tuple[DiscoveredResource, ...]:
+        """Discover again now, for a miss: a CRD created a moment ago is served at once, while the
+        cached discovery may be a minute old. Rate-limited: policies missing the same resource
+        together (or one retried) share one discovery per ``min_age``."""
+        return await self._within(self._min_age)
+
+    async def _within(self, age: float) -> tuple[DiscoveredResource, ...]:
         async with self._lock:
-            if self._cached is None or time.monotonic() - self._cached[0] > self._max_age:
+            if self._cached is None or time.monotonic() - self._cached[0] > age:
                 self._cached = (time.monotonic(), await self._discover())
             return self._cached[1]
 

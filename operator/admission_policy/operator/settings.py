@@ -32,6 +32,7 @@ class OperatorSettings:
     advertise_host: str = ""  # "" = in-cluster Service; set = `url` client config (local dev)
     advertise_port: int = 0   # the port in that url; 0 = listen_port (differs behind a local proxy)
     webhook_timeout: int = 5
+    max_connections: int = 256  # open webhook connections at most (~280 KB each)
     exempt_namespaces: tuple[str, ...] = ("kube-system",)
     default_failure_policy: FailurePolicy = "Fail"
     metrics_port: int = 8080  # 0 disables the metrics endpoint
@@ -56,6 +57,7 @@ class OperatorSettings:
             advertise_host=_get(environ, "AP_ADVERTISE_HOST", d.advertise_host, _host),
             advertise_port=_get(environ, "AP_ADVERTISE_PORT", d.advertise_port, _int_range(0, 65535)),
             webhook_timeout=_get(environ, "AP_WEBHOOK_TIMEOUT", d.webhook_timeout, _int_range(1, 30)),
+            max_connections=_get(environ, "AP_MAX_CONNECTIONS", d.max_connections, _int_range(1, 65535)),
             # Unlike the others, an explicitly empty list is meaningful: "exempt nothing extra".
             exempt_namespaces=(
                 _namespace_list(environ["AP_EXEMPT_NAMESPACES"], "AP_EXEMPT_NAMESPACES")
@@ -82,6 +84,12 @@ class OperatorSettings:
             return ""
         host = f"[{self.advertise_host}]" if ":" in self.advertise_host else self.advertise_host  # IPv6 literal
         return f"https://{host}:{self.advertise_port or self.listen_port}"
+
+    @property
+    def evaluation_deadline(self) -> float:
+        """Seconds a request may spend in the engine: answered (by failurePolicy) before the API
+        server's own webhook timeout gives up on it and every other request queued behind it."""
+        return self.webhook_timeout - min(1.0, self.webhook_timeout / 5)
 
     @property
     def all_exempt_namespaces(self) -> tuple[str, ...]:

@@ -47,6 +47,8 @@ class PolicyStore:
         self.namespaces: dict[str, Mapping[str, Any]] = {}
         self.registered: dict[str, int] = {}             # generation present in written configurations
         self.registration_count = 0                      # configurations written so far
+        self.registration_lost = ""                      # why the API server lacks what we wrote ("": it has it)
+        self._registration_changed = asyncio.Event()     # set (and replaced) when either of the two changes
         self.policies_loaded = asyncio.Event()           # the first full list is in
         self.namespaces_loaded = asyncio.Event()
         self.listening = asyncio.Event()                 # the webhook server accepts connections
@@ -101,9 +103,33 @@ class PolicyStore:
     async def mark_registered(self, generations: Mapping[str, int]) -> None:
         """The configurations now route exactly these policies (at these generations)."""
         async with self._registration:
+            changed = self.registered != generations or self.registration_lost
             self.registered = dict(generations)
+            self.registration_lost = ""
             self.registration_count += 1
             self._registration.notify_all()
+        if changed:
+            self._announce_registration_change()
+
+    async def mark_lost(self, problem: str) -> None:
+        """The API server no longer holds what was written (deleted or edited by hand) and it could
+        not be written again: no policy counts as routed until a write succeeds."""
+        async with self._registration:
+            changed = bool(self.registered) or self.registration_lost != problem
+            self.registered = {}
+            self.registration_lost = problem
+            self._registration.notify_all()
+        if changed:
+            self._announce_registration_change()
+
+    def registration_changed(self) -> asyncio.Event:
+        """An event set at the next change of what is registered (or lost). Take it before reading
+        the state, then wait on it: a change in between is not missed."""
+        return self._registration_changed
+
+    def _announce_registration_change(self) -> None:
+        self._registration_changed.set()
+        self._registration_changed = asyncio.Event()
 
     async def wait_registration_after(self, count: int, timeout: float) -> bool:
         """Wait for a write after the ``count``-th one (e.g. one carrying a renewed CA)."""

@@ -1,4 +1,5 @@
-"""Every replica's own list+watch of AdmissionPolicies and Namespaces.
+"""Every replica's own list+watch of AdmissionPolicies and Namespaces (and, for the writer in
+``registration``, of its two webhook configurations).
 
 Kopf's watch streams pause when peering makes another replica the active one; admission must
 not, so serving state comes from these plain watches. Events are applied idempotently: a
@@ -51,6 +52,16 @@ async def watch_namespaces(api_client: client.ApiClient, store: PolicyStore) -> 
             store.namespaces.pop(name, None)
 
     await _list_and_watch("Namespaces", core.list_namespace, on_event, on_listed, store.namespaces_loaded)
+
+
+async def watch_objects(
+    what: str,
+    lister: Lister,
+    on_event: Callable[[str, Mapping[str, Any]], None],
+    on_listed: Callable[[set[str]], None],
+) -> None:
+    """List and watch anything else (the webhook configurations), the same resilient way."""
+    await _list_and_watch(what, lister, on_event, on_listed, asyncio.Event())
 
 
 WATCH_SECONDS = 300   # each watch request's timeoutSeconds; the next one resumes where it ended

@@ -32,9 +32,15 @@ ALL_OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 MAX_CONFLICT_RETRIES = 5
 
 # Resources the webhooks never see: routing them could deadlock the cluster (leases, webhook
-# configurations), flood the operator (events), or is meaningless (review "virtual" resources).
+# configurations), flood the operator (events), is meaningless (review "virtual" resources), or
+# would let a policy judge the objects that fix it: AdmissionPolicies (a wildcard policy would
+# otherwise refuse its own repair, its deletion and the operator's status writes, issue 18) and
+# Kopf's peering objects, which the replicas must write to elect the reconciler.
 NEVER_ROUTED: frozenset[tuple[str, str]] = frozenset(
     {
+        (DOMAIN, "admissionpolicies"),
+        ("kopf.dev", "clusterkopfpeerings"),
+        ("kopf.dev", "kopfpeerings"),
         ("coordination.k8s.io", "leases"),
         ("", "events"),
         ("events.k8s.io", "events"),
@@ -50,6 +56,19 @@ NEVER_ROUTED: frozenset[tuple[str, str]] = frozenset(
         ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"),
     }
 )
+
+# The CRDs of the objects above. Webhook rules cannot name objects, and routing no CRD at all
+# would take every CRD away from policies, so the webhooks that route CRDs skip these by name in a
+# matchCondition (and the handler skips them too, for API servers without matchConditions).
+CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
+OWN_CRDS: tuple[str, ...] = (f"admissionpolicies.{DOMAIN}", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
+NOT_OWN_CRD = {
+    "name": "not-the-operators-own-crds",
+    "expression": (f"!(request.resource.group == '{CRDS[0]}' && request.resource.resource == '{CRDS[1]}'"
+                   f" && request.name in [{', '.join(repr(name) for name in OWN_CRDS)}])"),
+}
+
+NOT_SERVED = "(not served by the cluster)"   # how unserved_resources marks what discovery lacks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,8 +135,22 @@ def unserved_resources(routes: Iterable[RouteRule], discovered: Collection[Disco
                 if group != "*" and _plural(resource) != "*" and (group, _plural(resource)) in NEVER_ROUTED:
                     problems[f"{_display(group, resource)} (never sent to admission webhooks)"] = None
                 elif not _served(group, resource, index):
-                    problems[f"{_display(group, resource)} (not served by the cluster)"] = None
+                    problems[f"{_display(group, resource)} {NOT_SERVED}"] = None
     return sorted(problems)
+
+
+def never_judged(settings: OperatorSettings, group: str, resource: str, namespace: str, name: str) -> bool:
+    """A request no user policy may decide, should the API server send it anyway (a webhook
+    configuration edited by hand, an API server without matchConditions): the same exclusions
+    as the webhooks' rules, namespaceSelector and matchConditions."""
+    if (group, resource) in NEVER_ROUTED:
+        return True
+    if (group, resource) == CRDS:
+        return name in OWN_CRDS
+    def exempt(name: str) -> bool:   # settings.all_exempt_namespaces, without building it per request
+        return name == settings.namespace or name in settings.exempt_namespaces
+
+    return exempt(namespace) or (group == "" and resource == "namespaces" and exempt(name))
 
 
 class WebhookConfigurationsApi(Protocol):
@@ -249,6 +282,8 @@ def _routed_webhooks(
             if object_selector:
                 webhook["objectSelector"] = {
                     "matchExpressions": [{"key": EXEMPT_LABEL, "operator": "NotIn", "values": ["true"]}]}
+            if any((group, _plural(resource)) == CRDS for group, _, resource in part):
+                webhook["matchConditions"] = [dict(NOT_OWN_CRD)]
             if mutating:
                 webhook["reinvocationPolicy"] = "IfNeeded"
             webhooks.append(webhook)
@@ -416,9 +451,7 @@ async def _apply(
                 await create(dict(desired))
                 logger.info("Created %s %s.", kind, name)
                 return True
-            if _covers(existing.get("webhooks") or [], desired["webhooks"]) and _covers(
-                existing.get("metadata", {}).get("labels") or {}, desired["metadata"]["labels"]
-            ):
+            if holds(existing, desired):
                 return False
             body = {**desired, "metadata": {**desired["metadata"], **_version_of(existing)}}
             await replace(name, body)
@@ -443,20 +476,60 @@ def _as_dict(obj: Any) -> dict[str, Any]:
     return result
 
 
-def _covers(actual: Any, desired: Any) -> bool:
-    """True if ``actual`` has every field of ``desired`` with the same value.
+def holds(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    """Whether a configuration read from the API server is ``desired``: its webhooks exactly (a
+    rule removed, a failurePolicy changed or a webhook added by hand is drift) and at least its
+    labels (other tools may add their own)."""
+    labels = existing.get("metadata", {}).get("labels") or {}
+    return _equivalent(existing.get("webhooks") or [], desired["webhooks"]) and all(
+        labels.get(key) == value for key, value in desired["metadata"]["labels"].items())
 
-    Fields the API server defaults (and ``None`` placeholders of client models) are ignored,
-    so an unchanged configuration is never rewritten just because the server filled it in.
-    """
+
+async def held_problem(api: WebhookConfigurationsApi, validating: Mapping[str, Any],
+                       mutating: Mapping[str, Any]) -> str:
+    """What the API server holds differently from these configurations, in words; "" if nothing."""
+    problems = []
+    for desired, read in ((validating, api.read_validating_webhook_configuration),
+                          (mutating, api.read_mutating_webhook_configuration)):
+        name, kind = desired["metadata"]["name"], desired["kind"]
+        try:
+            existing = _as_dict(await read(name))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            problems.append(f"{kind} {name} is missing")
+            continue
+        if not holds(existing, desired):
+            problems.append(f"{kind} {name} differs from what the operator wrote")
+    return "; ".join(problems)
+
+
+# What the API server fills in when a field is left out: a field we leave out that holds its
+# default (or nothing) is not drift.
+SERVER_DEFAULTS: Mapping[str, Any] = {
+    "failurePolicy": "Fail", "matchPolicy": "Equivalent", "reinvocationPolicy": "Never", "timeoutSeconds": 10,
+    "scope": "*", "port": 443,
+}
+
+
+def _equivalent(actual: Any, desired: Any) -> bool:
+    """``actual`` is ``desired`` plus, at most, fields holding their server default or nothing."""
     if isinstance(desired, Mapping):
         return isinstance(actual, Mapping) and all(
-            key in actual and _covers(actual[key], value) for key, value in desired.items()
-        )
+            key in actual and _equivalent(actual[key], value) for key, value in desired.items()
+        ) and all(_empty(value) or SERVER_DEFAULTS.get(key, ...) == value
+                  for key, value in actual.items() if key not in desired)
     if isinstance(desired, list):
         return (
             isinstance(actual, list)
             and len(actual) == len(desired)
-            and all(_covers(a, d) for a, d in zip(actual, desired, strict=True))
+            and all(_equivalent(a, d) for a, d in zip(actual, desired, strict=True))
         )
     return bool(actual == desired)
+
+
+def _empty(value: Any) -> bool:
+    """Nothing, however the client spells it: None, [], {} or a model's {"matchLabels": None, ...}."""
+    if isinstance(value, Mapping):
+        return all(_empty(item) for item in value.values())
+    return value is None or value == []
