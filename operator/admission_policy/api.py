@@ -311,6 +311,8 @@ def _parse_selector(value: Any, path: str) -> LabelSelector:
     _check_fields(raw, path, path)
     labels = _mapping(raw.get("matchLabels", {}), f"{path}.matchLabels")
     for key, label in labels.items():
+        if not isinstance(key, str):   # YAML reads `1: a` as a number
+            raise PolicyError(f"{path}.matchLabels", f"label key {key!r} must be a string")
         _string(label, f"{path}.matchLabels.{key}")
     requirements = []
     for i, item in enumerate(_list(raw.get("matchExpressions", []), f"{path}.matchExpressions")):
@@ -403,9 +405,10 @@ def _parse_patch_op(value: Any, path: str) -> PatchOperation:
 # Small typed readers: each raises a PolicyError that names the field.
 
 def _check_fields(raw: Mapping[str, Any], path: str, schema_path: str) -> None:
-    unknown = sorted(set(raw) - ACCEPTED_FIELDS[schema_path])
+    unknown = sorted(set(raw) - ACCEPTED_FIELDS[schema_path], key=str)   # YAML keys may be numbers
     if unknown:
-        where = f"{path}.{unknown[0]}" if path else unknown[0]
+        key = unknown[0] if isinstance(unknown[0], str) and unknown[0] else repr(unknown[0])   # "" names nothing
+        where = f"{path}.{key}" if path else key
         allowed = ", ".join(sorted(ACCEPTED_FIELDS[schema_path]))
         raise PolicyError(where, f"unknown field (allowed here: {allowed})")
 
@@ -477,9 +480,21 @@ def non_finite(value: Any) -> str | None:
 
 
 def _finite(value: Any, path: str) -> Any:
+    """``value`` as JSON can carry it in a patch: finite numbers, and keys that are strings
+    (YAML reads ``0: x`` with a number for key)."""
     found = non_finite(value)
     if found:
         raise PolicyError(path, f"holds {found}, which is not a JSON number and cannot go into a patch")
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, Mapping):
+            for key in item:
+                if not isinstance(key, str):
+                    raise PolicyError(path, f"holds the key {key!r}, which is not a string: JSON keys are strings")
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
     return value
 
 

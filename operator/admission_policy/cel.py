@@ -221,6 +221,12 @@ def compile_expression(expression: Expression, kind: ResultKind = "any", *,
     an expression whose estimated cost for a request of REFERENCE sizes is over ``budget`` is
     refused like one that does not compile.
     """
+    if not expression.source.isascii():
+        try:
+            expression.source.encode("utf-8")
+        except UnicodeEncodeError as exc:   # JSON's "\ud800" escape decodes to one; CEL's binding refuses it
+            raise CelCompileError(expression.path, f"is not valid Unicode: a lone surrogate {exc.object[exc.start]!r} "
+                                  f"at offset {exc.start}") from None
     for tier in range(_TIERS):
         try:
             program, tree = _build(expression.source, tier)

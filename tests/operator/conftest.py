@@ -11,12 +11,14 @@ flag), cluster-wide, standalone (no peering), without managed webhook configurat
 with events posted. Leaving the ``async with`` stops it and re-raises its failure, if any.
 """
 import contextlib
+import pathlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import emulator as harness
 import pytest
 from emulator import Emulator, RunningOperator
+from operator_env import Webhook, operator_environment, serving_webhook
 
 
 @pytest.fixture
@@ -41,3 +43,14 @@ def run_operator(emulator: Emulator) -> Callable[..., contextlib.AbstractAsyncCo
     def runner(**kwargs: Any) -> contextlib.AbstractAsyncContextManager[RunningOperator]:
         return harness.run_operator(emulator, **kwargs)
     return runner
+
+
+@pytest.fixture
+def serving(emulator: Emulator, run_operator: Any, monkeypatch: pytest.MonkeyPatch,
+            tmp_path: pathlib.Path) -> Callable[[], contextlib.AbstractAsyncContextManager[Webhook]]:
+    """``serving()`` → async context manager: the running operator with example policies loaded
+    (``operator_env.serving_webhook``), entered in the test's own task (pytest-asyncio tears
+    fixtures down in another task, which Kopf's shutdown does not survive). Set ``AP_*``
+    variables with monkeypatch before entering it."""
+    env = operator_environment(monkeypatch, tmp_path / "certs")
+    return lambda: serving_webhook(emulator, run_operator, env)

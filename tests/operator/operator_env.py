@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import pathlib
 import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import aiohttp
 import pytest
-from emulator import ADMISSION_POLICIES, Emulator, RunningOperator, wait_for
+import yaml
+from emulator import ADMISSION_POLICIES, VALIDATING_WEBHOOK_CONFIGURATIONS, Emulator, RunningOperator, wait_for
 
 MODULE = "admission_policy.operator.handlers"
 CONFIG_NAME = "admission-policy-operator"
@@ -69,3 +72,81 @@ def ca_context(ca_bundle_b64: str) -> ssl.SSLContext:
     context = ssl.create_default_context(cadata=base64.b64decode(ca_bundle_b64).decode())
     context.check_hostname = True
     return context
+
+
+# --- the webhook server with the example policies loaded (the ``serving`` fixture, conftest.py) --------------
+
+EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
+CREATE_POD_RULE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE"]}
+
+
+def example_policy(directory: str) -> dict[str, Any]:
+    (body,) = [d for d in yaml.safe_load_all((EXAMPLES / directory / "policy.yaml").read_text()) if d]
+    return dict(body)
+
+
+class Webhook:
+    """An HTTPS client that trusts only the caBundle the operator wrote into its configuration."""
+
+    def __init__(self, context: ssl.SSLContext, base: str) -> None:
+        self.context = context
+        self.base = base
+        self.port = int(base.rsplit(":", 1)[1])
+
+    async def post(self, path: str, body: Any, content_type: str = "application/json") -> tuple[int, Any]:
+        data = body if isinstance(body, (str, bytes)) else json.dumps(body)
+        # A session per call: pytest-asyncio runs fixture setup and teardown in different tasks.
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.context)) as session, \
+                session.post(f"{self.base}{path}", data=data, headers={"Content-Type": content_type}) as response:
+            text = await response.text()
+            try:
+                return response.status, json.loads(text)
+            except ValueError:
+                return response.status, text
+
+    async def review(self, path: str, request: dict[str, Any]) -> dict[str, Any]:
+        status, body = await self.post(path, {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                              "request": request})
+        assert status == 200, body
+        assert body["apiVersion"] == "admission.k8s.io/v1" and body["kind"] == "AdmissionReview"
+        assert body["response"]["uid"] == request["uid"]
+        return dict(body["response"])
+
+
+@contextlib.asynccontextmanager
+async def serving_webhook(emulator: Emulator, run_operator: Any, env: dict[str, str]) -> AsyncIterator[Webhook]:
+    """The operator running with two example policies, a Warn and an Audit one, all Active."""
+    async with operator_running(run_operator):
+        for body in (example_policy("deny-offensive-pod-names"), example_policy("lifespan-toleration"),
+                     policy_body("team-warn", enforcement="Warn", match={"resources": [CREATE_POD_RULE]},
+                                 validations=[{"expression": "has(object.metadata.labels) && "
+                                               "'team' in object.metadata.labels", "message": "pods need a team"}]),
+                     policy_body("audit-images", enforcement="Audit", match={"resources": [CREATE_POD_RULE]},
+                                 validations=[{"expression": "object.spec.containers.all(c, c.image.contains(':'))",
+                                               "message": "images should be pinned"}])):
+            await emulator.create(ADMISSION_POLICIES, body)
+            await wait_phase(emulator, body["metadata"]["name"], "Active")
+        config = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
+        assert config is not None
+        context = ca_context(config["webhooks"][0]["clientConfig"]["caBundle"])
+        # "localhost" is a SAN of the serving certificate; hostname checking stays on.
+        yield Webhook(context, f"https://localhost:{env['AP_LISTEN_PORT']}")
+
+
+def pod_request(name: str, labels: dict[str, str] | None = None, image: str = "nginx:1.27",
+                uid: str = "b0c1a2d3-0000-4000-8000-000000000001") -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "namespace": "default"}
+    if labels is not None:
+        metadata["labels"] = labels
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+           "spec": {"containers": [{"name": name, "image": image, "resources": {}}], "restartPolicy": "Always"}}
+    return {
+        "uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+        "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+        "name": name, "namespace": "default", "operation": "CREATE",
+        "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+        "object": pod, "oldObject": None, "dryRun": False,
+        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions", "fieldManager": "kubectl-run"},
+    }

@@ -9,7 +9,6 @@ import copy
 import gc
 import json
 import logging
-import pathlib
 import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -17,92 +16,8 @@ from typing import Any
 import aiohttp
 import jsonpatch
 import pytest
-import yaml
-from emulator import ADMISSION_POLICIES, VALIDATING_WEBHOOK_CONFIGURATIONS, Emulator, wait_for
-from operator_env import CONFIG_NAME, ca_context, operator_environment, operator_running, policy_body, wait_phase
-
-EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
-POD_RULE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE"]}
-
-
-def example_policy(directory: str) -> dict[str, Any]:
-    (body,) = [d for d in yaml.safe_load_all((EXAMPLES / directory / "policy.yaml").read_text()) if d]
-    return dict(body)
-
-
-class Webhook:
-    """An HTTPS client that trusts only the caBundle the operator wrote into its configuration."""
-
-    def __init__(self, context: ssl.SSLContext, base: str) -> None:
-        self.context = context
-        self.base = base
-        self.port = int(base.rsplit(":", 1)[1])
-
-    async def post(self, path: str, body: Any, content_type: str = "application/json") -> tuple[int, Any]:
-        data = body if isinstance(body, (str, bytes)) else json.dumps(body)
-        # A session per call: pytest-asyncio runs fixture setup and teardown in different tasks.
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.context)) as session, \
-                session.post(f"{self.base}{path}", data=data, headers={"Content-Type": content_type}) as response:
-            text = await response.text()
-            try:
-                return response.status, json.loads(text)
-            except ValueError:
-                return response.status, text
-
-    async def review(self, path: str, request: dict[str, Any]) -> dict[str, Any]:
-        status, body = await self.post(path, {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                                              "request": request})
-        assert status == 200, body
-        assert body["apiVersion"] == "admission.k8s.io/v1" and body["kind"] == "AdmissionReview"
-        assert body["response"]["uid"] == request["uid"]
-        return dict(body["response"])
-
-
-@pytest.fixture
-def serving(emulator: Emulator, run_operator: Any, monkeypatch: pytest.MonkeyPatch,
-            tmp_path: pathlib.Path) -> Callable[[], contextlib.AbstractAsyncContextManager[Webhook]]:
-    """The running operator with example policies loaded, entered in the test's own task
-    (pytest-asyncio tears fixtures down in another task, which Kopf's shutdown does not survive)."""
-    env = operator_environment(monkeypatch, tmp_path / "certs")
-    return lambda: _serving(emulator, run_operator, env)
-
-
-@contextlib.asynccontextmanager
-async def _serving(emulator: Emulator, run_operator: Any, env: dict[str, str]) -> AsyncIterator[Webhook]:
-    async with operator_running(run_operator):
-        for body in (example_policy("deny-offensive-pod-names"), example_policy("lifespan-toleration"),
-                     policy_body("team-warn", enforcement="Warn", match={"resources": [POD_RULE]},
-                                 validations=[{"expression": "has(object.metadata.labels) && "
-                                               "'team' in object.metadata.labels", "message": "pods need a team"}]),
-                     policy_body("audit-images", enforcement="Audit", match={"resources": [POD_RULE]},
-                                 validations=[{"expression": "object.spec.containers.all(c, c.image.contains(':'))",
-                                               "message": "images should be pinned"}])):
-            await emulator.create(ADMISSION_POLICIES, body)
-            await wait_phase(emulator, body["metadata"]["name"], "Active")
-        config = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
-        assert config is not None
-        context = ca_context(config["webhooks"][0]["clientConfig"]["caBundle"])
-        # "localhost" is a SAN of the serving certificate; hostname checking stays on.
-        yield Webhook(context, f"https://localhost:{env['AP_LISTEN_PORT']}")
-
-
-def pod_request(name: str, labels: dict[str, str] | None = None, image: str = "nginx:1.27",
-                uid: str = "b0c1a2d3-0000-4000-8000-000000000001") -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name, "namespace": "default"}
-    if labels is not None:
-        metadata["labels"] = labels
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
-           "spec": {"containers": [{"name": name, "image": image, "resources": {}}], "restartPolicy": "Always"}}
-    return {
-        "uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-        "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-        "name": name, "namespace": "default", "operation": "CREATE",
-        "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
-        "object": pod, "oldObject": None, "dryRun": False,
-        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions", "fieldManager": "kubectl-run"},
-    }
+from emulator import wait_for
+from operator_env import Webhook, pod_request, policy_body
 
 
 async def test_allows_a_compliant_pod(serving: Any) -> None:
@@ -464,15 +379,39 @@ async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
 
 async def test_at_the_connection_cap_the_longest_idle_connection_makes_room(
         serving: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another client holding connections open cannot lock the API server out."""
+    """Another client holding connections open cannot lock the API server out; but a connection
+    that answered a moment ago is not closed for a newcomer: its client is about to reuse it, and
+    the API server does not retry a request written onto a connection as it closes (issue 12)."""
+    from admission_policy.operator import webhook as server
+    monkeypatch.setattr(server.PolicyWebhookServer, "min_idle_to_evict", 1.0)
     monkeypatch.setenv("AP_MAX_CONNECTIONS", "2")
     async with serving() as webhook, connection(webhook) as first, connection(webhook) as second:
         assert await exchange(*first) == 200
         assert await exchange(*second) == 200      # both open and idle; the first idle the longest
+        async with connection(webhook) as (early, _):
+            assert await closed_by_server(early) == b""   # refused: both answered less than 1 s ago
+        await asyncio.sleep(1.2)
+        assert await exchange(*second) == 200      # the second active again; the first idle for 1 s
         async with connection(webhook) as third:
             assert await exchange(*third) == 200
             assert await closed_by_server(first[0]) == b""
             assert await exchange(*second) == 200
+
+
+async def test_at_the_connection_cap_a_client_trickling_bytes_still_makes_room(
+        serving: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bytes that never make a request are not activity: trickled headers keep no place."""
+    from admission_policy.operator import webhook as server
+    monkeypatch.setattr(server.PolicyWebhookServer, "min_idle_to_evict", 0.5)
+    monkeypatch.setenv("AP_MAX_CONNECTIONS", "1")
+    async with serving() as webhook, connection(webhook) as (trickled, writer):
+        for byte in b"POST /validate HTTP/1.1\r\n":
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        async with connection(webhook) as newcomer:
+            assert await exchange(*newcomer) == 200
+            assert await closed_by_server(trickled) == b""
 
 
 async def test_when_every_connection_is_answering_a_request_a_new_one_is_refused(

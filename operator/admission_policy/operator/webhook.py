@@ -63,6 +63,11 @@ TLS_HANDSHAKE_TIMEOUT = 10.0
 # After an early answer (413, 408), how long the rest of the body is read and dropped so that the
 # client sees the answer rather than a reset.
 LINGERING_TIME = 2.0
+# At the connection cap, a connection idle for less than this is not closed to make room: it is
+# between two requests of its client (the API server reuses the connection it used last first),
+# and closing it races with the next one, which the API server does not retry (a burst of
+# connections closed the API server's this way, issue 12). The new connection is refused instead.
+MIN_IDLE_TO_EVICT = 2.0
 # TLS 1.2 suites with ECDHE and AEAD (TLS 1.3's are all such): what Go's client offers first.
 CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 LOG_INTERVAL = 60.0     # at most one line per kind of connection trouble per this many seconds
@@ -85,6 +90,7 @@ def current_exchange() -> Exchange:
 class PolicyWebhookServer(kopf.WebhookServer):
     keepalive_timeout: float = KEEPALIVE_TIMEOUT
     handshake_timeout: float = TLS_HANDSHAKE_TIMEOUT
+    min_idle_to_evict: float = MIN_IDLE_TO_EVICT
 
     def __init__(self, *, listening: asyncio.Event, max_connections: int = OperatorSettings.max_connections,
                  body_timeout: float = OperatorSettings.webhook_timeout, **kwargs: Any) -> None:
@@ -100,27 +106,57 @@ class PolicyWebhookServer(kopf.WebhookServer):
         self.max_connections = max_connections
         self.body_timeout = body_timeout
         self._throttle = _Throttle(LOG_INTERVAL)
+        self._files_written = asyncio.Event()
+        self._loaded = ""   # digest of the certificate files the listener serves
+
+    def files_written(self) -> None:
+        """The operator wrote new certificate files: load them now rather than at the next poll."""
+        self._files_written.set()
 
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
-        """Kopf's serving loop (restart on changed certificate files), on this module's listener."""
-        while True:
-            cadata, context = self._build_ssl()
-            runner = aiohttp.web.AppRunner(
-                self._application(fn), handle_signals=False, access_log=None, auto_decompress=False,
-                keepalive_timeout=self.keepalive_timeout, lingering_time=LINGERING_TIME)
-            await runner.setup()
+        """Kopf's serving loop, on this module's listener.
+
+        Changed certificate files are loaded into the listening SSL context, which every new
+        handshake reads, instead of restarting the listener as Kopf does: a restart refuses
+        connections while the port is closed and cuts the API server's open ones, and it does
+        not retry a webhook call that fails so (a certificate renewal would fail requests).
+        Connections already open keep the certificate they were made with, still trusted.
+        """
+        self._loaded = self._digest()
+        cadata, context = self._build_ssl()
+        runner = aiohttp.web.AppRunner(
+            self._application(fn), handle_signals=False, access_log=None, auto_decompress=False,
+            keepalive_timeout=self.keepalive_timeout, lingering_time=LINGERING_TIME)
+        await runner.setup()
+        try:
+            port = self.port or self._allocate_free_port()
+            listener = await self._listen(runner, context, port)
             try:
-                port = self.port or self._allocate_free_port()
-                listener = await self._listen(runner, context, port)
-                try:
-                    self.listening.set()
-                    yield self._client_config(cadata, context, port)
+                self.listening.set()
+                yield self._client_config(cadata, context, port)
+                while True:
                     await self._until_files_change()
-                    logger.debug("Restarting the webhook server with the renewed certificate files")
-                finally:
-                    listener.close()
+                    if context is not None:
+                        self._reload(context)
             finally:
-                await runner.cleanup()
+                listener.close()
+        finally:
+            await runner.cleanup()
+
+    def _reload(self, context: ssl.SSLContext) -> None:
+        """Serve the certificate in the files from the next handshake on; a pair that does not
+        load (a key not matching its certificate) is refused and the current one kept."""
+        # Synchronous, on the event loop: no handshake can start between the checks and the load.
+        self._loaded = self._digest()
+        if self.certfile is None:
+            return   # Kopf's self-signed mode: no files to follow
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.certfile, self.pkeyfile, self.password)
+        except (OSError, ssl.SSLError) as exc:
+            logger.warning("Keeping the current serving certificate: the new files do not load (%s)", exc)
+            return
+        context.load_cert_chain(self.certfile, self.pkeyfile, self.password)
+        logger.info("Serving the renewed certificate from %s", self.certfile)
 
     def _build_ssl(self) -> tuple[bytes | None, ssl.SSLContext | None]:
         cadata, context = super()._build_ssl()
@@ -143,7 +179,7 @@ class PolicyWebhookServer(kopf.WebhookServer):
                       port: int) -> asyncio.AbstractServer:
         server = runner.server
         assert server is not None, "the runner is set up"
-        connections = _Connections(self.max_connections, self._throttle)
+        connections = _Connections(self.max_connections, self._throttle, self.min_idle_to_evict)
         listener = await asyncio.get_running_loop().create_server(
             lambda: _Gate(server(), connections), self.addr or None, port, ssl=context,
             ssl_handshake_timeout=self.handshake_timeout if context is not None else None,
@@ -162,16 +198,21 @@ class PolicyWebhookServer(kopf.WebhookServer):
             config["caBundle"] = base64.b64encode(cadata).decode("ascii")
         return config
 
-    async def _until_files_change(self) -> None:
-        """Kopf's reloading: the mounted files change without events, so re-read them."""
+    def _digest(self) -> str:
         paths = [pathlib.Path(p) for p in (self.certfile, self.pkeyfile, self.cafile) if p is not None]
-
-        def digest() -> str:
+        try:
             return hashlib.sha256(b"".join(path.read_bytes() for path in paths)).hexdigest()
+        except OSError:
+            return self._loaded   # a file missing for a moment: nothing to load yet
 
-        initial = digest()
-        while digest() == initial:
-            await asyncio.sleep(self.file_check_interval)
+    async def _until_files_change(self) -> None:
+        """Kopf's reloading: mounted files change without events, so re-read them now and then;
+        the operator's own writes say so (``files_written``)."""
+        while self._digest() == self._loaded:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.file_check_interval):
+                    await self._files_written.wait()
+            self._files_written.clear()
 
     async def _answer(self, fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
         with _busy(request):
@@ -235,6 +276,7 @@ def _busy(request: aiohttp.web.Request) -> Iterator[None]:
     finally:
         if gate is not None:
             gate.busy = False
+            gate.active = time.monotonic()   # idle from now on (see _Connections)
 
 
 def _peer_certificate(request: aiohttp.web.Request) -> Any:
@@ -284,6 +326,7 @@ class _Gate(asyncio.Protocol):
         self.handler = handler
         self.connections = connections
         self.busy = False        # a request is being answered: never closed to make room
+        self.active = time.monotonic()   # admitted, or last answered a request
         self.peer: Any = None
 
     @staticmethod
@@ -302,8 +345,9 @@ class _Gate(asyncio.Protocol):
         self.handler.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
+        # Not activity for the cap: a client trickling bytes would keep its connection from ever
+        # making room. Answers are (``_busy``).
         if self.handler is not None:
-            self.connections.touch(self)
             self.handler.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -328,24 +372,27 @@ class _Gate(asyncio.Protocol):
 
 
 class _Connections:
-    """The open connections, at most ``limit``, least recently active first.
+    """The open connections, at most ``limit``.
 
-    At the limit a new connection closes the one idle the longest — idle API server connections
-    are reopened at once, and any other client holding connections open cannot lock the API
-    server out this way. Only when every connection is busy with a request is the new one closed.
+    At the limit a new connection closes the one idle the longest, if idle for ``min_idle`` —
+    idle API server connections are reopened at once, and any other client holding connections
+    open cannot lock the API server out this way. When every connection is busy with a request or
+    was active a moment ago (``MIN_IDLE_TO_EVICT``), the new one is closed.
     """
 
-    def __init__(self, limit: int, throttle: _Throttle) -> None:
+    def __init__(self, limit: int, throttle: _Throttle, min_idle: float = MIN_IDLE_TO_EVICT) -> None:
         self.limit = limit
         self.throttle = throttle
+        self.min_idle = min_idle
         self.open: collections.OrderedDict[_Gate, None] = collections.OrderedDict()
 
     def admit(self, gate: _Gate) -> bool:
         if len(self.open) >= self.limit:
-            idle = next((g for g in self.open if not g.busy), None)
-            if idle is None:
+            idle = min((g for g in self.open if not g.busy), key=lambda g: g.active, default=None)
+            if idle is None or time.monotonic() - idle.active < self.min_idle:
                 self.throttle.log("refused", logging.WARNING, "Refused a webhook connection from %s: all %d "
-                                  "connections are answering requests (AP_MAX_CONNECTIONS)", gate.peer, self.limit)
+                                  "connections are answering requests or were active in the last %g s "
+                                  "(AP_MAX_CONNECTIONS)", gate.peer, self.limit, self.min_idle)
                 return False
             self.throttle.log("evicted", logging.WARNING, "Closed the longest-idle webhook connection (from %s) "
                               "to admit one from %s: %d connections open (AP_MAX_CONNECTIONS)",
@@ -354,10 +401,6 @@ class _Connections:
             idle.close()
         self.open[gate] = None
         return True
-
-    def touch(self, gate: _Gate) -> None:
-        if gate in self.open:
-            self.open.move_to_end(gate)
 
     def discard(self, gate: _Gate) -> None:
         self.open.pop(gate, None)
