@@ -244,6 +244,8 @@ def test_release_namespace_role_is_the_certificate_secret(chart: helm.Chart, sce
     assert rules_of(role) == {
         ("", "secrets", "create", None),
         ("", "secrets", "get", secret),
+        ("", "secrets", "list", secret),    # watched by name (a metadata.name field selector)
+        ("", "secrets", "watch", secret),
         ("", "secrets", "update", secret),
         # No events: the operator turns Kopf's posting off and posts its own in "default".
     }
@@ -626,3 +628,62 @@ def test_dockerfile_matches_the_chart() -> None:
     (entrypoint,) = re.findall(r"^ENTRYPOINT\s+(.+)$", dockerfile, flags=re.MULTILINE)
     assert json.loads(entrypoint) == ["admission-policy", "run"]
     assert (ROOT / ".dockerignore").is_file()
+
+
+# --------------------------------------------------------------------------------------------
+# the README's RBAC table says what every granted verb is for (issue 12, scenario 8)
+
+
+def readme_rbac_table() -> set[tuple[str, str, str, bool]]:
+    """(group, resource, verb, restricted by name) of every row of the chart README's RBAC table.
+
+    A group cell is its first backticked word; a resource cell lists backticked resources, or
+    "same" for the row above's, and says ``resourceNames`` when the rule is narrowed to names.
+    """
+    text = (CHART_DIR / "README.md").read_text()
+    table = text.split("## RBAC", 1)[1].split("| Why |", 1)[1].split("\n\n", 1)[0]
+    granted: set[tuple[str, str, str, bool]] = set()
+    previous: list[str] = []
+    for row in table.strip().splitlines()[1:]:   # after the |---| line
+        group_cell, resource_cell, verb_cell, why = (cell.strip() for cell in row.strip("|").split("|"))
+        assert why, f"no reason given in {row!r}"
+        group = re.findall(r"`([^`]*)`", group_cell)[0].strip('"')
+        named = "resourceNames" in resource_cell
+        listed = [r for r in re.findall(r"`([^`]*)`", resource_cell) if not r.startswith("resourceNames")]
+        resources = previous if resource_cell.startswith("same") else listed
+        previous = resources
+        granted |= {(group, resource, verb.strip(), named) for resource in resources for verb in verb_cell.split(",")}
+    return granted
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "everything"])
+def test_the_readme_rbac_table_lists_exactly_the_rules_the_chart_grants(chart: helm.Chart, scenario: str) -> None:
+    values, namespace = SCENARIOS[scenario]
+    docs = render(chart, values, namespace)
+    extra = {(group, resource, verb, False) for rule in (values or {}).get("rbac", {}).get("extraRules", [])
+             for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]}
+    rendered = {(group, resource, verb, name is not None)
+                for role in docs if role["kind"] in ("Role", "ClusterRole")
+                for group, resource, verb, name in rules_of(role)} - extra
+    documented = readme_rbac_table()
+    assert rendered - documented == set(), "granted by the chart, not explained in its README"
+    assert documented - rendered == set(), "in the README's RBAC table, not granted by the chart"
+
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_the_pods_ask_for_nothing_beyond_an_unprivileged_container(chart: helm.Chart, scenario: str) -> None:
+    """Non-root with a read-only root filesystem (test_deployment_security_context) and nothing else:
+    no host namespaces, ports or paths, no added capabilities, scratch space in an emptyDir only."""
+    values, namespace = SCENARIOS[scenario]
+    docs = render(chart, values, namespace)
+    jobs = [d["spec"]["template"]["spec"] for d in all_of(docs, "Job")]
+    for pod in [operator_deployment(docs)["spec"]["template"]["spec"], *jobs]:
+        for field in ("hostNetwork", "hostPID", "hostIPC", "shareProcessNamespace"):
+            assert pod.get(field) in (None, False), field
+        assert all(set(volume) - {"name"} <= {"emptyDir"} for volume in pod.get("volumes") or []), pod["volumes"]
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            sc = container["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+            assert "add" not in sc["capabilities"], sc
+            assert all("hostPort" not in port for port in container.get("ports") or []), container["ports"]

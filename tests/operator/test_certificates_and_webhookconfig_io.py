@@ -108,3 +108,19 @@ async def test_configurations_are_created_then_left_alone_then_replaced(
     stored = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, SETTINGS.webhook_config_name)
     assert stored is not None
     assert base64.b64decode(stored["webhooks"][0]["clientConfig"]["caBundle"]) == b"NEW CA\n"
+
+
+async def test_a_secret_deleted_by_hand_is_recreated_trusting_the_ca_in_use(
+        emulator: Emulator, api_client: client.ApiClient) -> None:
+    """The replica that notices passes the bundle it serves: the new CA comes with the old one
+    still trusted, so no replica's certificate stops being accepted while they switch."""
+    core = client.CoreV1Api(api_client)
+    held = await ensure_certificates(core, SETTINGS, NOW)
+    await core.delete_namespaced_secret(SETTINGS.cert_secret, "ap-system")
+    recreated = await ensure_certificates(core, SETTINGS, NOW, held=held)
+    assert recreated.ca_cert_pem != held.ca_cert_pem
+    assert recreated.previous_ca_pems == (held.ca_cert_pem,)
+    stored = emulator.peek(SECRETS, SETTINGS.cert_secret, namespace="ap-system")
+    assert stored is not None and bundle_from_secret_data(stored["data"]) == recreated
+    # Another replica, holding the same old bundle, adopts that one rather than issuing its own.
+    assert await ensure_certificates(core, SETTINGS, NOW, held=held) == recreated

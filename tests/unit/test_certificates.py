@@ -236,3 +236,18 @@ def test_write_files_atomically(bundle: CertificateBundle, tmp_path: pathlib.Pat
     assert paths.pkeyfile.read_text() == renewed.key_pem
     assert sorted(os.listdir(directory)) == ["ca.crt", "tls.crt", "tls.key"]
     assert stat.S_IMODE(paths.pkeyfile.stat().st_mode) == 0o600
+
+
+def test_a_short_lifetime_is_renewed_in_its_last_third_not_at_once() -> None:
+    """AP_CERT_LIFETIME=30: backdating by the full five minutes of clock skew would make a fresh
+    certificate look nine tenths spent, and every check would renew it again."""
+    lifetime = datetime.timedelta(seconds=30)
+    bundle = generate_bundle(HOSTS, NOW, lifetime)
+    assert bundle.not_after == NOW + lifetime
+    ca = x509.load_pem_x509_certificate(bundle.ca_cert_pem.encode())
+    assert ca.not_valid_after_utc == NOW + 2 * lifetime
+    assert not bundle.needs_renewal(NOW + datetime.timedelta(seconds=15), HOSTS)
+    assert bundle.needs_renewal(NOW + datetime.timedelta(seconds=22), HOSTS)
+    renewed = renew(bundle, HOSTS, NOW + datetime.timedelta(seconds=22), lifetime)
+    assert renewed.previous_ca_pems == (bundle.ca_cert_pem,)
+    assert renewed.not_after == NOW + datetime.timedelta(seconds=52)

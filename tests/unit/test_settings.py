@@ -121,3 +121,33 @@ def test_evaluation_ends_before_the_api_server_stops_waiting() -> None:
     assert OperatorSettings(webhook_timeout=5).evaluation_deadline == 4.0
     assert OperatorSettings(webhook_timeout=30).evaluation_deadline == 29.0
     assert 0 < OperatorSettings(webhook_timeout=1).evaluation_deadline < 1
+
+
+# --- AP_CERT_LIFETIME (issue 12: certificate rotation, seen happen in tests) ---------------------------------
+
+def test_cert_lifetime_defaults_to_a_year_checked_hourly() -> None:
+    settings = OperatorSettings.from_env({})
+    assert settings.cert_lifetime == 365 * 86400
+    assert settings.cert_check_interval == 3600.0
+    assert settings.cert_switch_grace == 5.0
+
+
+@pytest.mark.parametrize(("raw", "seconds"), [("30", 30), ("45s", 45), ("15m", 900), ("12h", 43200),
+                                              ("90d", 90 * 86400), ("3650d", 3650 * 86400), (" 2H ", 7200)])
+def test_cert_lifetime_takes_seconds_or_a_unit(raw: str, seconds: int) -> None:
+    assert OperatorSettings.from_env({"AP_CERT_LIFETIME": raw}).cert_lifetime == seconds
+
+
+@pytest.mark.parametrize("raw", ["29", "29s", "3651d", "0", "-60", "1.5h", "1w", "h", "30 days", "1e3"])
+def test_cert_lifetime_out_of_range_or_malformed_names_the_variable(raw: str) -> None:
+    with pytest.raises(ValueError, match=r"AP_CERT_LIFETIME=.*from 30s to 3650d"):
+        OperatorSettings.from_env({"AP_CERT_LIFETIME": raw})
+
+
+def test_a_short_cert_lifetime_is_checked_and_switched_well_inside_its_last_third() -> None:
+    """Renewal is due with a third of the lifetime left: a check, the switch grace and the
+    replicas' reload must all fit before the old certificate expires."""
+    settings = OperatorSettings.from_env({"AP_CERT_LIFETIME": "30"})
+    assert settings.cert_check_interval == 3.0
+    assert settings.cert_switch_grace == 3.0
+    assert settings.cert_check_interval + settings.cert_switch_grace < settings.cert_lifetime / 3

@@ -259,6 +259,8 @@ _RUN_FLAGS: list[tuple[str, str, str]] = [
     ("--log-level", "AP_LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR."),
     ("--cert-secret", "AP_CERT_SECRET", "Secret holding the shared CA and serving certificate."),
     ("--cert-dir", "AP_CERT_DIR", "Directory for the serving certificate files."),
+    ("--cert-lifetime", "AP_CERT_LIFETIME",
+     "Validity of the serving certificate (30s..3650d; CA twice that), renewed with a third left. Default 365d."),
     ("--webhook-config-name", "AP_WEBHOOK_CONFIG_NAME", "Name of both webhook configurations."),
 ]
 

@@ -121,11 +121,18 @@ def serving_hosts(settings: OperatorSettings) -> tuple[str, ...]:
     return tuple(dict.fromkeys(hosts))
 
 
-def generate_bundle(hosts: Sequence[str], now: datetime.datetime) -> CertificateBundle:
-    """A fresh CA and a serving certificate for ``hosts`` (the first one is also the CN)."""
+def generate_bundle(hosts: Sequence[str], now: datetime.datetime,
+                    lifetime: datetime.timedelta = SERVING_LIFETIME) -> CertificateBundle:
+    """A fresh CA and a serving certificate for ``hosts`` (the first one is also the CN).
+
+    The serving certificate is valid for ``lifetime``, its CA for twice that (the defaults:
+    ``SERVING_LIFETIME`` and ``CA_LIFETIME``).
+    """
     if not hosts:
         raise ValueError("a serving certificate needs at least one host name")
     now = _utc(now)
+    # Backdating by the full CLOCK_SKEW would make a short-lived certificate look mostly spent.
+    backdate = min(CLOCK_SKEW, lifetime / 10)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     # A CN unique per CA: old and new CA are trusted side by side during a rotation.
     ca_name = x509.Name(
@@ -141,8 +148,8 @@ def generate_bundle(hosts: Sequence[str], now: datetime.datetime) -> Certificate
         .issuer_name(ca_name)
         .public_key(ca_key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - CLOCK_SKEW)
-        .not_valid_after(now + CA_LIFETIME)
+        .not_valid_before(now - backdate)
+        .not_valid_after(now + lifetime * (CA_LIFETIME / SERVING_LIFETIME))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(_key_usage(digital_signature=True, key_cert_sign=True, crl_sign=True), critical=True)
         .add_extension(ca_ski, critical=False)
@@ -156,8 +163,8 @@ def generate_bundle(hosts: Sequence[str], now: datetime.datetime) -> Certificate
         .issuer_name(ca_name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - CLOCK_SKEW)
-        .not_valid_after(now + SERVING_LIFETIME)
+        .not_valid_before(now - backdate)
+        .not_valid_after(now + lifetime)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_key_usage(digital_signature=True), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
@@ -174,10 +181,11 @@ def generate_bundle(hosts: Sequence[str], now: datetime.datetime) -> Certificate
     )
 
 
-def renew(bundle: CertificateBundle, hosts: Sequence[str], now: datetime.datetime) -> CertificateBundle:
+def renew(bundle: CertificateBundle, hosts: Sequence[str], now: datetime.datetime,
+          lifetime: datetime.timedelta = SERVING_LIFETIME) -> CertificateBundle:
     """A new CA and serving certificate; the old CAs that have not expired stay trusted."""
     now = _utc(now)
-    fresh = generate_bundle(hosts, now)
+    fresh = generate_bundle(hosts, now, lifetime)
     kept = [pem for pem in (bundle.ca_cert_pem, *bundle.previous_ca_pems) if _load_cert(pem).not_valid_after_utc > now]
     return dataclasses.replace(fresh, previous_ca_pems=tuple(dict.fromkeys(kept)))
 
@@ -246,15 +254,19 @@ def write_files(bundle: CertificateBundle, directory: str | os.PathLike[str]) ->
     return paths
 
 
-async def ensure_certificates(api: SecretsApi, settings: OperatorSettings, now: datetime.datetime) -> CertificateBundle:
+async def ensure_certificates(api: SecretsApi, settings: OperatorSettings, now: datetime.datetime,
+                              held: CertificateBundle | None = None) -> CertificateBundle:
     """Load the shared bundle from the Secret, creating or renewing it as needed.
 
     Replicas race safely: the first create wins (409 → re-read), and a renewal replaces with
     the read ``resourceVersion`` (409 → re-read and use the winner's bundle if it is good).
     An empty Secret (e.g. pre-created by the chart) is filled; a broken one is regenerated.
+    ``held`` is the bundle this replica serves: if the Secret is gone or broken (deleted by
+    hand), the new one is a renewal of it, so the CAs still in use stay trusted meanwhile.
     """
     name, namespace = settings.cert_secret, settings.namespace
     hosts = serving_hosts(settings)
+    lifetime = datetime.timedelta(seconds=settings.cert_lifetime)
     for _ in range(MAX_CONFLICT_RETRIES):
         try:
             secret = await api.read_namespaced_secret(name=name, namespace=namespace)
@@ -264,7 +276,7 @@ async def ensure_certificates(api: SecretsApi, settings: OperatorSettings, now: 
             secret = None
 
         if secret is None:
-            bundle = generate_bundle(hosts, now)
+            bundle = renew(held, hosts, now, lifetime) if held is not None else generate_bundle(hosts, now, lifetime)
             body = _secret_body(settings, bundle, secret_type="kubernetes.io/tls", resource_version=None)
             if await _conflicts(api.create_namespaced_secret(namespace=namespace, body=body)):
                 continue
@@ -277,11 +289,11 @@ async def ensure_certificates(api: SecretsApi, settings: OperatorSettings, now: 
         except CertificateError as exc:
             if data:
                 logger.warning("Secret %s/%s is unusable (%s); issuing anew.", namespace, name, exc)
-            bundle = generate_bundle(hosts, now)
+            bundle = renew(held, hosts, now, lifetime) if held is not None else generate_bundle(hosts, now, lifetime)
         else:
             if not current.needs_renewal(now, hosts):
                 return current
-            bundle = renew(current, hosts, now)
+            bundle = renew(current, hosts, now, lifetime)
 
         body = _secret_body(
             settings,

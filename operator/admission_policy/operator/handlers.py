@@ -43,7 +43,6 @@ FOLLOW_INTERVAL = 30.0           # while the configurations are lost, re-list th
 # Loggers of the HTTP clients: at DEBUG they print whole response bodies, the certificate Secret's
 # private keys included. They stay at WARNING whatever the operator's level (issue 18).
 CLIENT_LOGGERS = ("kubernetes_asyncio", "client", "urllib3", "aiohttp.client", "aiohttp.internal")
-CERT_CHECK_INTERVAL = 3600.0
 RECONCILE_WORKERS = 20
 
 
@@ -129,7 +128,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     _operator = op = Operator(config, store, api_client, Discovery(api_client), bundle,
                               events.PolicyEvents("admission-policy-operator"), kopf_settings=settings)
     op.runners.append(await _listening(metrics.serve_probes(config.listen_host, config.health_port,
-                                                            lambda: store.ready),
+                                                            lambda: store.ready, store.out_of_sync),
                                        config.listen_host, config.health_port, "AP_HEALTH_PORT, the probes"))
     if config.metrics_port:
         op.runners.append(await _listening(metrics.serve_metrics(config.listen_host, config.metrics_port),
@@ -286,6 +285,8 @@ async def _update_registered(op: Operator) -> None:
     objects = client.CustomObjectsApi(op.api_client)
     listing: Any = await objects.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL,
                                                             _preload_content=False)
+    if not 200 <= listing.status <= 299:   # unread, the client raises on no status
+        raise client.ApiException(status=listing.status, reason=(await listing.text())[:500])
     for raw in (await listing.json()).get("items", []):
         await _follow(op, kopf.Body(raw))
 
@@ -316,7 +317,7 @@ async def delete(body: kopf.Body, name: str, status: kopf.Status, **_: Any) -> N
     await _write_status(op, name, conditions.terminating_patch(status, _now()))
     await op.events.post(op.api_client, name, body.metadata.uid, type_="Normal", reason="Terminating",
                          message="removing the policy from the webhook configurations")
-    op.store.forget(name)
+    op.store.forget(name, "its deletion began")
     if not await op.store.wait_unregistered(name, REGISTRATION_TIMEOUT):
         raise kopf.TemporaryError("the webhook configurations still route this policy", delay=5)
     logger.info("AdmissionPolicy %s: unrouted; releasing the finalizer", name)
@@ -411,6 +412,8 @@ async def _fetch_namespace(op: Operator, name: str) -> Mapping[str, Any] | None:
     """A namespace the watcher has not delivered yet (created a moment ago)."""
     try:
         response: Any = await client.CoreV1Api(op.api_client).read_namespace(name, _preload_content=False)
+        if not 200 <= response.status <= 299:   # unread, the client raises on no status: a Status is no namespace
+            return None
         body: Mapping[str, Any] = await response.json()
     except client.ApiException:
         return None
@@ -421,22 +424,70 @@ async def _fetch_namespace(op: Operator, name: str) -> Mapping[str, Any] | None:
 # --- background ----------------------------------------------------------------------------------------------
 
 async def _renew_certificates(op: Operator) -> None:
-    """Adopt a renewed bundle: trust the new CA in the configurations first, then serve it."""
+    """Adopt a renewed bundle: trust the new CA in the configurations first, then serve it.
+
+    The shared Secret is checked every ``cert_check_interval`` (renewing it when due) and at
+    once when it changes: another replica renewed it, or it was deleted by hand (recreated as a
+    renewal of the bundle served here, whose CA stays trusted).
+    """
+    core = client.CoreV1Api(op.api_client)
+    secret_changed = asyncio.Event()
+    op.spawn("certificate Secret watcher", _watch_certificate_secret(op, secret_changed))
+    served = op.bundle
     while True:
-        await asyncio.sleep(CERT_CHECK_INTERVAL)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(op.settings.cert_check_interval):
+                await secret_changed.wait()
+        secret_changed.clear()
         try:
-            bundle = await certificates.ensure_certificates(client.CoreV1Api(op.api_client), op.settings, _now())
+            bundle = await certificates.ensure_certificates(core, op.settings, _now(), held=op.bundle)
         except Exception as exc:
             logger.warning("Checking the serving certificate failed: %s", exc)
             continue
-        if bundle == op.bundle:
+        if bundle == served:
             continue
         op.bundle = bundle
         written = op.store.registration_count
         op.store.changed.set()
         await op.store.wait_registration_after(written, timeout=REGISTRATION_TIMEOUT)
+        # The API server calls with the caBundle its informer holds, a moment behind the write.
+        await asyncio.sleep(op.settings.cert_switch_grace)
         certificates.write_files(bundle, op.settings.cert_dir)
+        served = bundle
+        server = op.kopf_settings.admission.server if op.kopf_settings is not None else None
+        if isinstance(server, PolicyWebhookServer):
+            server.files_written()
         logger.info("Serving certificate renewed; valid until %s", bundle.not_after.isoformat())
+
+
+async def _watch_certificate_secret(op: Operator, secret_changed: asyncio.Event) -> None:
+    """Trust a CA another replica wrote into the Secret at once: otherwise this replica's writer,
+    seeing the configurations changed, would write its older caBundle back over the new one."""
+    name, namespace = op.settings.cert_secret, op.settings.namespace
+    core = client.CoreV1Api(op.api_client)
+
+    def on_event(kind: str, body: Mapping[str, Any]) -> None:
+        if body.get("metadata", {}).get("name") != name:
+            return
+        if kind != "DELETED":
+            try:
+                bundle = certificates.bundle_from_secret_data(body.get("data") or {})
+            except certificates.CertificateError:
+                bundle = None
+            if bundle is not None and bundle != op.bundle and not bundle.needs_renewal(
+                    _now(), certificates.serving_hosts(op.settings)):
+                op.bundle = bundle
+                op.store.changed.set()
+        secret_changed.set()
+
+    def on_listed(names: set[str]) -> None:
+        if name not in names:
+            secret_changed.set()
+
+    await watcher.watch_objects(
+        f"Secret {namespace}/{name}",
+        lambda **kw: core.list_namespaced_secret(namespace, field_selector=f"metadata.name={name}", **kw),
+        on_event, on_listed)
 
 
 async def _freeze_after_load(store: PolicyStore) -> None:

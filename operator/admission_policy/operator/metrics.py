@@ -80,14 +80,17 @@ async def serve_metrics(host: str, port: int) -> aiohttp.web.AppRunner:
     return await _start(app, host, port)
 
 
-async def serve_probes(host: str, port: int, ready: Callable[[], bool]) -> aiohttp.web.AppRunner:
-    """/healthz answers while the event loop runs; /readyz once policies are loaded and served."""
+async def serve_probes(host: str, port: int, ready: Callable[[], bool],
+                       detail: Callable[[], str] = str) -> aiohttp.web.AppRunner:
+    """/healthz answers while the event loop runs; /readyz once policies are loaded and served, with
+    ``detail()`` (e.g. a watch that is down) after "ready" when there is one."""
     async def healthz(_: aiohttp.web.Request) -> aiohttp.web.Response:
         return aiohttp.web.Response(text="ok")
 
     async def readyz(_: aiohttp.web.Request) -> aiohttp.web.Response:
         if ready():
-            return aiohttp.web.Response(text="ready")
+            problem = detail()
+            return aiohttp.web.Response(text=f"ready; {problem}" if problem else "ready")
         return aiohttp.web.Response(status=503, text="not ready: policies not loaded or webhook server not listening")
 
     app = aiohttp.web.Application()

@@ -18,6 +18,11 @@ _T = TypeVar("_T")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_DURATION = re.compile(r"^(\d+)\s*([smhd]?)$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+# 30 s: a renewal (at 20 s) has 10 s left to reach every replica; 10 years: Go's x509 handles any date.
+MIN_CERT_LIFETIME = 30
+MAX_CERT_LIFETIME = 3650 * 86400
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +45,9 @@ class OperatorSettings:
     log_level: str = "INFO"
     cert_secret: str = "admission-policy-operator-tls"
     cert_dir: str = "/tmp/admission-policy-operator/certs"
+    # Seconds the serving certificate is valid (its CA: twice that); renewed with a third left.
+    # Shorter than the default only for compliance rules or tests that watch a rotation happen.
+    cert_lifetime: int = 365 * 24 * 3600
     webhook_config_name: str = "admission-policy-operator"
     pod_name: str = dataclasses.field(default_factory=socket.gethostname)
     peering_name: str = "admission-policy-operator"
@@ -72,6 +80,8 @@ class OperatorSettings:
             log_level=_get(environ, "AP_LOG_LEVEL", d.log_level, _log_level),
             cert_secret=_get(environ, "AP_CERT_SECRET", d.cert_secret, _dns_subdomain),
             cert_dir=_get(environ, "AP_CERT_DIR", d.cert_dir, _text),
+            cert_lifetime=_get(environ, "AP_CERT_LIFETIME", d.cert_lifetime,
+                               _duration(MIN_CERT_LIFETIME, MAX_CERT_LIFETIME)),
             webhook_config_name=_get(environ, "AP_WEBHOOK_CONFIG_NAME", d.webhook_config_name, _dns_subdomain),
             pod_name=_get(environ, "AP_POD_NAME", d.pod_name, _text),
             peering_name=_get(environ, "AP_PEERING_NAME", d.peering_name, _dns_subdomain),
@@ -90,6 +100,18 @@ class OperatorSettings:
         """Seconds a request may spend in the engine: answered (by failurePolicy) before the API
         server's own webhook timeout gives up on it and every other request queued behind it."""
         return self.webhook_timeout - min(1.0, self.webhook_timeout / 5)
+
+    @property
+    def cert_check_interval(self) -> float:
+        """Seconds between checks of the certificate Secret: a tenth of the lifetime, at most
+        hourly, so that a renewal always happens well inside its last third."""
+        return min(3600.0, self.cert_lifetime / 10)
+
+    @property
+    def cert_switch_grace(self) -> float:
+        """Seconds between writing a new CA into the webhook configurations and serving a
+        certificate it signed: time for every API server's informer to see the new caBundle."""
+        return min(5.0, self.cert_lifetime / 10)
 
     @property
     def all_exempt_namespaces(self) -> tuple[str, ...]:
@@ -116,6 +138,19 @@ def _int_range(low: int, high: int) -> Callable[[str, str], int]:
             raise ValueError(f"{name}={raw!r}: expected an integer from {low} to {high}") from None
         if not low <= value <= high:
             raise ValueError(f"{name}={raw!r}: expected an integer from {low} to {high}")
+        return value
+
+    return parse
+
+
+def _duration(low: int, high: int) -> Callable[[str, str], int]:
+    """Seconds, given as a number of seconds or with a unit: ``30s``, ``15m``, ``12h``, ``90d``."""
+    def parse(raw: str, name: str) -> int:
+        match = _DURATION.match(raw.lower())
+        value = int(match[1]) * _UNITS[match[2]] if match else None
+        if value is None or not low <= value <= high:
+            raise ValueError(f"{name}={raw!r}: expected a duration from {low}s to {high // 86400}d "
+                             "(seconds, or a number with s, m, h or d)")
         return value
 
     return parse

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -51,13 +52,23 @@ class PolicyStore:
         self._registration_changed = asyncio.Event()     # set (and replaced) when either of the two changes
         self.policies_loaded = asyncio.Event()           # the first full list is in
         self.namespaces_loaded = asyncio.Event()
+        self.unsynced: dict[str, float] = {}             # watch → since when (monotonic) it failed, until relisted
         self.listening = asyncio.Event()                 # the webhook server accepts connections
         self.changed = asyncio.Event()                   # the configurations need rewriting
         self._registration = asyncio.Condition()
 
     @property
     def ready(self) -> bool:
+        """Serving: the first listing is in and the server listens. It stays so while the API server is
+        unreachable: the last policy set is still the best answer, and an unready replica would only
+        leave the API server with no webhook to call (see :meth:`out_of_sync`)."""
         return self.policies_loaded.is_set() and self.listening.is_set()
+
+    def out_of_sync(self) -> str:
+        """What /readyz adds while a watch is down ("" while every one is in sync)."""
+        now = time.monotonic()
+        return "; ".join(f"not watching {what} for {now - since:.0f}s (serving the last state seen, retrying)"
+                         for what, since in sorted(self.unsynced.items()))
 
     def observe(self, body: Mapping[str, Any]) -> None:
         """A policy as the watcher sees it: load it, or drop it when it is not to be enforced."""
@@ -65,7 +76,8 @@ class PolicyStore:
         name = str(metadata.get("name", ""))
         # Enforced only once our finalizer guarantees its rules are removed before it is gone.
         if metadata.get("deletionTimestamp") or FINALIZER not in (metadata.get("finalizers") or ()):
-            self.forget(name)
+            self.forget(name, "its deletion began" if metadata.get("deletionTimestamp") else
+                        f"our finalizer is not on it (resourceVersion {metadata.get('resourceVersion')})")
             return
         generation = int(metadata.get("generation") or 0)
         if self.generations.get(name) == generation or (
@@ -86,19 +98,19 @@ class PolicyStore:
         logger.info("AdmissionPolicy %s: generation %d loaded", name, generation)
         self.changed.set()
 
-    def forget(self, name: str) -> None:
+    def forget(self, name: str, why: str) -> None:
         self.rejected.pop(name, None)
         if name in self.generations:
             self.policies = self.policies.remove(name)
             del self.generations[name]
             self.uids.pop(name, None)
-            logger.info("AdmissionPolicy %s: no longer enforced", name)
+            logger.info("AdmissionPolicy %s: no longer enforced: %s", name, why)
             self.changed.set()
 
     def sync(self, names: set[str]) -> None:
         """After a full list: forget what the list no longer holds (deleted while not watching)."""
         for name in set(self.generations) - names:
-            self.forget(name)
+            self.forget(name, "a fresh listing no longer holds it")
 
     async def mark_registered(self, generations: Mapping[str, int]) -> None:
         """The configurations now route exactly these policies (at these generations)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,14 +28,14 @@ async def watch_policies(api_client: client.ApiClient, store: PolicyStore) -> No
 
     def on_event(kind: str, body: Mapping[str, Any]) -> None:
         if kind == "DELETED":
-            store.forget(str(body["metadata"]["name"]))
+            store.forget(str(body["metadata"]["name"]), "deleted")
         else:
             store.observe(body)
 
     await _list_and_watch(
         "AdmissionPolicies",
         lambda **kw: objects.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL, **kw),
-        on_event, store.sync, store.policies_loaded)
+        on_event, store.sync, store.policies_loaded, store.unsynced)
 
 
 async def watch_namespaces(api_client: client.ApiClient, store: PolicyStore) -> None:
@@ -51,7 +52,8 @@ async def watch_namespaces(api_client: client.ApiClient, store: PolicyStore) -> 
         for name in set(store.namespaces) - names:
             store.namespaces.pop(name, None)
 
-    await _list_and_watch("Namespaces", core.list_namespace, on_event, on_listed, store.namespaces_loaded)
+    await _list_and_watch("Namespaces", core.list_namespace, on_event, on_listed, store.namespaces_loaded,
+                          store.unsynced)
 
 
 async def watch_objects(
@@ -73,10 +75,15 @@ async def _list_and_watch(
     on_event: Callable[[str, Mapping[str, Any]], None],
     on_listed: Callable[[set[str]], None],
     loaded: asyncio.Event,
+    unsynced: dict[str, float] | None = None,
 ) -> None:
     """List, then watch from the last resourceVersion seen, as client-go's reflector does: a watch
     that times out is resumed, and only an error (410 Gone: too old) or a failure lists again.
-    A relist of a thousand policies every few minutes would cost every replica a burst of memory."""
+    A relist of a thousand policies every few minutes would cost every replica a burst of memory.
+
+    ``unsynced`` holds ``what`` → since when (monotonic) while the watch has failed and not listed
+    again: what keeps being served meanwhile is the last state seen (readiness says so)."""
+    unsynced = {} if unsynced is None else unsynced
     backoff = 1.0
     version: str | None = None
     while True:
@@ -85,6 +92,9 @@ async def _list_and_watch(
             if listed:
                 version = await _list(lister, on_event, on_listed)
                 loaded.set()
+                backoff = 1.0   # back: the next failure is a new outage, retried promptly
+                if (since := unsynced.pop(what, None)) is not None:
+                    logger.info("Watching %s again: listed after %.1fs without a watch", what, time.monotonic() - since)
             stream = watch.Watch()
             async with stream:
                 async for event in stream.stream(lister, resource_version=version, timeout_seconds=WATCH_SECONDS,
@@ -100,9 +110,13 @@ async def _list_and_watch(
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            version = None
+            resumed_from, version = version, None
             if isinstance(exc, client.ApiException) and exc.status == 410 and not listed:
-                continue   # Gone (an ERROR event, raised by the client): too old to resume; list now
+                # Gone (an ERROR event, raised by the client): too old to resume; list now.
+                logger.info("Watching %s: resourceVersion %s is too old to resume (410 Gone); listing again",
+                            what, resumed_from)
+                continue
+            unsynced.setdefault(what, time.monotonic())
             logger.warning("Watching %s failed, retrying in %.0fs: %s", what, backoff, exc)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
@@ -115,7 +129,13 @@ async def _list(
 ) -> str | None:
     """Apply a full listing; returns its resourceVersion. The listing is not kept while watching."""
     listing = await lister(_preload_content=False)
+    # Unread, the client raises on no status: an API server still starting answers 503 (or 404 before
+    # its CRDs are served), whose Status has no items — taken as a listing, it would forget everything.
+    if not 200 <= listing.status <= 299:
+        raise client.ApiException(status=listing.status, reason=(await listing.text())[:500])
     data = await listing.json()
+    if not isinstance(data.get("items"), list):
+        raise ValueError(f"a listing without items: {str(data)[:500]}")
     names = set()
     for item in data.get("items", []):
         names.add(item["metadata"]["name"])

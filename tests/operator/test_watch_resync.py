@@ -1,0 +1,89 @@
+"""The policy watcher resuming into a 410 Gone (issue 12, scenario 3, at unit level).
+
+A watch that ends cleanly is resumed from the last resourceVersion; when history has been
+compacted past it meanwhile, the API server answers 410 Gone and the watcher lists again. What
+changed while it was not watching must then be right: a policy that still exists stays enforced
+(never dropped and reloaded), one deleted meanwhile is forgotten, one edited meanwhile is loaded
+at its new generation. The emulator compacts like etcd (``Emulator.compact``); here the
+watcher's next watch request is also held back for a moment, so that the changes land while no
+watch is open.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kmock
+import pytest
+from emulator import ADMISSION_POLICIES, Emulator, wait_for
+from kubernetes_asyncio import client
+from operator_env import POD_RULE
+
+from admission_policy.operator import watcher
+from admission_policy.operator.kube import new_api_client
+from admission_policy.operator.store import FINALIZER, PolicyStore
+
+
+def enforced_policy(name: str, expression: str) -> dict[str, Any]:
+    """As the operator leaves a policy it enforces: with its finalizer."""
+    return {"apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy",
+            "metadata": {"name": name, "finalizers": [FINALIZER]},
+            "spec": {"match": {"resources": [POD_RULE]},
+                     "validations": [{"expression": expression, "message": f"{name} says no"}]}}
+
+
+def policy_lists(emulator: Emulator) -> int:
+    policies = kmock.resource(ADMISSION_POLICIES)
+    return sum(r.action == kmock.action.LIST and r.resource == policies for r in emulator.kmock)
+
+
+async def test_a_watch_resumed_into_410_lists_again_keeping_what_exists_and_forgetting_what_went(
+        emulator: Emulator, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(watcher, "WATCH_SECONDS", 1)   # each watch ends cleanly after a second
+    open_ = asyncio.Event()
+    open_.set()
+    held = asyncio.Event()
+    list_policies = client.CustomObjectsApi.list_cluster_custom_object
+
+    async def gated(self: client.CustomObjectsApi, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("watch") and not open_.is_set():
+            held.set()
+            await open_.wait()
+        return await list_policies(self, *args, **kwargs)
+
+    monkeypatch.setattr(client.CustomObjectsApi, "list_cluster_custom_object", gated)
+    for name in ("kept", "dropped", "edited"):
+        await emulator.create(ADMISSION_POLICIES, enforced_policy(name, "object.metadata.name != 'bad'"))
+
+    store = PolicyStore()
+    api_client = await new_api_client()
+    task = asyncio.create_task(watcher.watch_policies(api_client, store))
+    try:
+        await wait_for(lambda: set(store.generations) == {"kept", "dropped", "edited"}, timeout=10)
+        kept = store.policies.get("kept")
+        lists = policy_lists(emulator)
+
+        open_.clear()
+        await asyncio.wait_for(held.wait(), 10)   # the watch ended; its resume waits at the door
+        await emulator.patch(ADMISSION_POLICIES, "dropped", {"metadata": {"finalizers": []}})
+        await emulator.delete(ADMISSION_POLICIES, "dropped")
+        await emulator.patch(ADMISSION_POLICIES, "edited", {"spec": {"validations": [
+            {"expression": "object.metadata.name != 'worse'", "message": "edited says no"}]}})
+        emulator.compact(ADMISSION_POLICIES)
+        with caplog.at_level(logging.INFO, logger=watcher.__name__):
+            open_.set()
+            await wait_for(lambda: store.generations == {"kept": 1, "edited": 2}, timeout=10)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api_client.close()
+
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("AdmissionPolicies: resourceVersion" in m and "410 Gone" in m for m in messages), messages
+    assert policy_lists(emulator) == lists + 1, "one listing after the 410, no more"
+    assert store.policies.get("kept") is kept, "a policy that still exists was dropped and reloaded"
+    assert "dropped" not in store.policies and store.uids.keys() == {"kept", "edited"}
+    assert not store.unsynced, "a 410 is not a disconnection: /readyz must not say a watch is down"
+    assert not [m for m in messages if "failed" in m], messages
+
