@@ -37,6 +37,7 @@ from e2e_kube import (
     unique,
 )
 from envtest import ControlPlane, ControlPlaneError
+from traffic import REPORTED
 
 E2E_DIR = pathlib.Path(__file__).resolve().parent
 OPERATOR_KEY = pytest.StashKey[OperatorProcess]()
@@ -147,6 +148,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             return
         against = f"an envtest control plane from {source.assets}" if source.assets else str(source.kubeconfig)
         terminalreporter.write_line(f"e2e tests against {against}: {text}")
+    for figures in REPORTED:   # the reliability scenarios' figures (issue 12)
+        terminalreporter.write_line(figures.line())
 
 
 @pytest.hookimpl(wrapper=True)

@@ -590,6 +590,44 @@ class OperatorProcess:
 POD_RULE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE"]}
 
 
+# --- a policy on ConfigMaps that both webhook configurations route (the stop and hardening tests) -------
+
+GUARD = "e2e-configmap-guard"
+GUARDED = "e2e.policy-operator.dev/guarded"
+MUTATED = "e2e.policy-operator.dev/mutated"
+
+
+def guard_policy() -> dict[str, Any]:
+    """Validates and mutates labelled ConfigMaps; both webhook configurations then route ConfigMaps."""
+    body: dict[str, Any] = policy_body(
+        GUARD,
+        description="e2e: ConfigMaps labelled guarded are checked and marked",
+        enforcement="Enforce",
+        failurePolicy="Fail",
+        match={
+            "resources": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"],
+                           "operations": ["CREATE", "UPDATE"]}],
+            "objectSelector": {"matchLabels": {GUARDED: "true"}},
+        },
+        validations=[{"expression": "!object.metadata.name.startsWith('forbidden-')",
+                      "message": "configmap names must not start with forbidden-", "reason": "Forbidden"}],
+        mutations=[{"name": "mark", "merge": {"metadata": {"labels": {MUTATED: "true"}}}}],
+    )
+    return body
+
+
+def configmap(namespace: str, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}}, "data": {"e2e": "yes"}}
+
+
+def cli() -> list[str]:
+    script = pathlib.Path(sys.executable).parent / "admission-policy"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "from admission_policy.cli import main; main()"]
+
+
 # --- policies under test ------------------------------------------------------------------------------------
 
 class Policies:

@@ -210,14 +210,34 @@ class ControlPlane:
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def restart_apiserver(self) -> None:
+    def restart_apiserver(self, grace: float = 30.0) -> None:
         """Stop the API server and start it again on the same port (its clients reconnect)."""
-        index = next(i for i, p in enumerate(self._processes) if p.name == "kube-apiserver")
-        old = self._processes.pop(index)
-        old.popen.terminate()
-        old.popen.wait(30)
+        self.stop_apiserver(grace)
+        self.start_apiserver()
+
+    def stop_apiserver(self, grace: float = 30.0) -> None:
+        """Stop the API server: SIGTERM, SIGKILL after ``grace`` seconds (as the kubelet does). It
+        stops listening at once, then lingers — here ~30 s, on its long-running requests — so a
+        shorter grace only shortens the test. Its port refuses connections until :meth:`start_apiserver`."""
+        self._terminate("kube-apiserver", grace)
+
+    def start_apiserver(self) -> None:
+        """Start the API server again on the same port and wait until it is ready."""
         self._start_apiserver()
         self._wait(lambda: self._get("/readyz") == "ok", "kube-apiserver to be ready again", "kube-apiserver")
+
+    def restart_etcd(self, down_for: float = 0.0) -> None:
+        """Stop etcd, wait ``down_for`` seconds, start it again with the same data directory and ports;
+        returns once the API server is ready again (its storage health check passes)."""
+        self._terminate("etcd")
+        time.sleep(down_for)
+        self._start_etcd()
+        self._wait(lambda: self._get("/readyz") == "ok", "kube-apiserver to be ready after etcd's restart", "etcd")
+
+    @property
+    def etcd_url(self) -> str:
+        """etcd's client URL (plain HTTP on loopback; its v3 JSON gateway is under ``/v3/``)."""
+        return f"http://127.0.0.1:{self._etcd_client}"
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name} ({p.log}) ---\n{p.tail()}" for p in self._processes)
@@ -227,15 +247,7 @@ class ControlPlane:
     def _start(self) -> None:
         self._pki = pki = _Pki.create(self.workdir / "pki")
         self._write_kubeconfig(pki)
-        self._spawn("etcd", [
-            "--name", "envtest", "--data-dir", str(self.workdir / "etcd"),
-            "--listen-client-urls", f"http://127.0.0.1:{self._etcd_client}",
-            "--advertise-client-urls", f"http://127.0.0.1:{self._etcd_client}",
-            "--listen-peer-urls", f"http://127.0.0.1:{self._etcd_peer}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{self._etcd_peer}",
-            "--initial-cluster", f"envtest=http://127.0.0.1:{self._etcd_peer}",
-            "--initial-cluster-state", "new", "--unsafe-no-fsync",
-        ])
+        self._start_etcd()
         self._start_apiserver()
         self._wait(lambda: self._get("/readyz") == "ok", "kube-apiserver to be ready", "kube-apiserver")
         self._spawn("kube-controller-manager", [
@@ -251,6 +263,28 @@ class ControlPlane:
         ])
         self._wait(lambda: self._get("/api/v1/namespaces/default/serviceaccounts/default") is not None,
                    "the ServiceAccount default/default (made by kube-controller-manager)", "kube-controller-manager")
+
+    def _start_etcd(self) -> None:
+        # "new" only applies to an empty data directory; a restart finds and keeps its data.
+        self._spawn("etcd", [
+            "--name", "envtest", "--data-dir", str(self.workdir / "etcd"),
+            "--listen-client-urls", f"http://127.0.0.1:{self._etcd_client}",
+            "--advertise-client-urls", f"http://127.0.0.1:{self._etcd_client}",
+            "--listen-peer-urls", f"http://127.0.0.1:{self._etcd_peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{self._etcd_peer}",
+            "--initial-cluster", f"envtest=http://127.0.0.1:{self._etcd_peer}",
+            "--initial-cluster-state", "new", "--unsafe-no-fsync",
+        ])
+
+    def _terminate(self, name: str, grace: float = 30.0) -> None:
+        index = next(i for i, p in enumerate(self._processes) if p.name == name)
+        old = self._processes.pop(index)
+        old.popen.terminate()
+        try:
+            old.popen.wait(grace)
+        except subprocess.TimeoutExpired:
+            old.popen.kill()
+            old.popen.wait(10)
 
     def _start_apiserver(self) -> None:
         pki = self._pki

@@ -17,6 +17,8 @@ import pytest
 import yaml
 from e2e_kube import (
     CRD_NAME,
+    GUARD,
+    GUARDED,
     AdmissionPolicy,
     Answer,
     Cluster,
@@ -25,13 +27,15 @@ from e2e_kube import (
     Policies,
     ValidatingWebhookConfiguration,
     assert_denied,
+    cli,
+    configmap,
     eventually,
-    free_ports,
+    guard_policy,
     policy_body,
     unique,
 )
+from envtest import free_ports
 from pykube.objects import APIObject
-from test_e2e_shutdown import GUARD, GUARDED, cli, configmap, guard_policy
 
 pytestmark = pytest.mark.e2e
 

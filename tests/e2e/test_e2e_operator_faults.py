@@ -22,7 +22,6 @@ session teardown (which releases the policies' finalizers) need it.
 """
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import dataclasses
@@ -33,14 +32,12 @@ import re
 import socket
 import ssl
 import threading
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import pykube
 import pytest
 import requests
-import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -48,38 +45,42 @@ from cryptography.x509.oid import NameOID
 from e2e_kube import (
     FINALIZER,
     OWNED_LABEL,
-    ROOT,
     AdmissionPolicy,
     Answer,
     Cluster,
-    ClusterKopfPeering,
     MutatingWebhookConfiguration,
     OperatorProcess,
     Policies,
     ValidatingWebhookConfiguration,
     assert_denied,
+    configmap,
     eventually,
-    free_ports,
     policy_body,
     unique,
 )
-from prometheus_client.parser import text_string_to_metric_families
-from pykube.objects import APIObject
+from envtest import free_ports
+from replicas import (
+    BROKEN_CONNECTION,
+    DOMAIN,
+    FAIL_WEBHOOK,
+    IGNORE_WEBHOOK,
+    POLICY_WEBHOOK,
+    TcpProxy,
+    log_of,
+    pauses,
+    reconciled,
+    replicas,
+    requests_judged,
+    routed,
+    webhooks,
+)
 
 pytestmark = pytest.mark.e2e
 
-DOMAIN = "policy-operator.dev"
-POLICY_WEBHOOK = f"policies.validate.{DOMAIN}"   # the fixed entry that validates AdmissionPolicies
-FAIL_WEBHOOK = f"fail.validate.{DOMAIN}"         # routes the resources of failurePolicy Fail policies
-IGNORE_WEBHOOK = f"ignore.validate.{DOMAIN}"     # ... and of failurePolicy Ignore ones
-PEERING_CRD_FILE = ROOT / "charts" / "admission-policy-operator" / "crds" / "kopfpeering.yaml"
-PEERING_CRD = "clusterkopfpeerings.kopf.dev"
 # Kopf's peering default (kopf.OperatorSettings().peering.lifetime): a peer that stops touching the
 # peering object counts as gone this long after its last keep-alive. The operator does not expose
 # it, so a takeover after a SIGKILL may take this long.
 KOPF_PEERING_LIFETIME = 60.0
-# The cause, in the API server's "failed calling webhook" message, of a call whose connection broke.
-BROKEN_CONNECTION = re.compile(r"EOF|connection reset by peer|broken pipe|connection refused")
 
 
 # --- objects ------------------------------------------------------------------------------------------------
@@ -100,27 +101,9 @@ def name_guard(name: str, resource: str, failure_policy: str, prefix: str = "for
     return body
 
 
-def configmap(namespace: str, name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace},
-            "data": {"e2e": "yes"}}
-
-
 def secret(namespace: str, name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace},
             "stringData": {"e2e": "yes"}}
-
-
-def webhooks(cluster: Cluster, cls: type[APIObject]) -> list[dict[str, Any]]:
-    answer = cluster.get(cls, cluster.settings.webhook_config_name)
-    assert answer.ok, f"{cls.kind} {cluster.settings.webhook_config_name}: {answer}"
-    hooks: list[dict[str, Any]] = answer.obj.get("webhooks") or []
-    return hooks
-
-
-def routed(hooks: Sequence[dict[str, Any]]) -> dict[str, set[str]]:
-    """Webhook name → the resources its rules route."""
-    return {hook["name"]: {resource for r in hook.get("rules") or [] for resource in r.get("resources") or []}
-            for hook in hooks}
 
 
 def failed_call(answer: Answer, webhook: str) -> bool:
@@ -383,99 +366,6 @@ def test_a_killed_operator_leaves_the_cluster_usable_and_a_restart_picks_everyth
 
 # --- 3. two replicas, and either one killed -----------------------------------------------------------------
 
-class TcpProxy:
-    """What the operator's Service is to the API server in-cluster: one address, several replicas.
-
-    TLS passes through untouched (the replicas present the shared certificate). Each new connection
-    goes to the next replica in turn; a replica that refuses the connection is skipped for the next
-    one, as kube-proxy stops sending to an endpoint that went unready. When a replica's side of a
-    connection ends, the API server's side is closed too — reset, if the replica's was — which is
-    what the API server sees of a replica killed mid-request. Runs its own event loop in a thread.
-    """
-
-    def __init__(self) -> None:
-        self.backends: list[int] = []
-        self.port = 0
-        self.connections: Counter[int] = Counter()   # backend port → connections it took
-        self.open: Counter[int] = Counter()          # backend port → connections open now
-        self.refused: Counter[int] = Counter()       # backend port → connections it refused
-        self.unserved = 0                            # connections no backend took
-        self._turn = 0
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="e2e-service-proxy", daemon=True)
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def start(self) -> None:
-        self._thread.start()
-        # On all addresses, like the operator: the API server comes through E2E_ADVERTISE_HOST.
-        future = asyncio.run_coroutine_threadsafe(asyncio.start_server(self._connect, "0.0.0.0", 0), self._loop)
-        self._server = future.result(10)
-        self.port = int(self._server.sockets[0].getsockname()[1])
-
-    def stop(self) -> None:
-        async def close() -> None:
-            if self._server is not None:
-                self._server.close()
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-
-        if self._thread.is_alive():
-            asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-        self._loop.close()
-
-    async def _connect(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        try:
-            # This connection's order, taken at once: other connections advance the turn meanwhile.
-            turn, self._turn = self._turn % max(1, len(self.backends)), self._turn + 1
-            for port in self.backends[turn:] + self.backends[:turn]:
-                try:
-                    backend_reader, backend_writer = await asyncio.open_connection("127.0.0.1", port)
-                except OSError:
-                    self.refused[port] += 1
-                    continue
-                self.connections[port] += 1
-                self.open[port] += 1
-                try:
-                    await self._relay(client_reader, client_writer, backend_reader, backend_writer)
-                finally:
-                    self.open[port] -= 1
-                return
-            self.unserved += 1
-            client_writer.transport.abort()
-        finally:
-            self._tasks.discard(task)
-
-    @staticmethod
-    async def _relay(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter,
-                     backend_reader: asyncio.StreamReader, backend_writer: asyncio.StreamWriter) -> None:
-        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-
-        upstream = asyncio.ensure_future(pipe(client_reader, backend_writer))
-        downstream = asyncio.ensure_future(pipe(backend_reader, client_writer))
-        try:
-            await asyncio.wait({upstream, downstream}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (upstream, downstream):
-                task.cancel()
-            results = await asyncio.gather(upstream, downstream, return_exceptions=True)
-            broken = any(isinstance(result, OSError) for result in results)
-            for writer in (client_writer, backend_writer):
-                if broken:
-                    writer.transport.abort()   # a reset on one side is a reset on the other
-                else:
-                    writer.close()
-
-
 @dataclasses.dataclass
 class Stream:
     """A steady, bounded stream of dry-run ConfigMap creates that a policy judges, from a few threads.
@@ -564,88 +454,25 @@ class Stream:
         return "error", f"{name}: {answer}"
 
 
-def requests_judged(replica: OperatorProcess, policy: str) -> int:
-    """Admission requests ``policy`` judged in this replica, from its Prometheus metrics."""
-    text = requests.get(f"http://127.0.0.1:{replica.metrics_port}/metrics", timeout=5).text
-    return int(sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-                   if sample.name == "admission_policy_requests_total" and sample.labels.get("policy") == policy))
-
-
-def log_of(replica: OperatorProcess) -> str:
-    return replica.log_path.read_text(errors="replace")
-
-
-def reconciled(replica: OperatorProcess, policy: str) -> bool:
-    """The replica logged a phase transition of ``policy``: only a reconciling replica does."""
-    return re.search(rf"AdmissionPolicy {re.escape(policy)}: \S+ → Active", log_of(replica)) is not None
-
-
-@pytest.fixture
-def replica_logs(request: pytest.FixtureRequest) -> Iterator[list[OperatorProcess]]:
-    """Replicas a test starts; a failing test shows their log tails (the session operator's is shown anyway)."""
-    replicas: list[OperatorProcess] = []
-    yield replicas
-    for replica in replicas:
-        request.node.add_report_section("call", f"replica log ({replica.log_path})", replica.log_tail(60))
-
-
 def test_two_replicas_both_serve_one_reconciles_and_either_can_die(
         cluster: Cluster, operator: OperatorProcess, policies: Policies, namespace: Callable[..., str],
-        tmp_path: pathlib.Path, replica_logs: list[OperatorProcess]) -> None:
+        tmp_path: pathlib.Path, request: pytest.FixtureRequest) -> None:
     ns = namespace()
     timeout = cluster.settings.timeout
-    peering = unique("ap-e2e-peering")
     stream_policy = "e2e-ha-stream"
 
-    # The chart's peering CRD, installed as Helm installs crds/ (created when missing), and the
-    # ClusterKopfPeering object its templates/peering.yaml makes.
-    if cluster.get(pykube.CustomResourceDefinition, PEERING_CRD).status == 404:
-        crd = cluster.create(pykube.CustomResourceDefinition, yaml.safe_load(PEERING_CRD_FILE.read_text()))
-        assert crd.ok, str(crd)
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{PEERING_CRD}", "--timeout=60s")
-
-    proxy = TcpProxy()
-    replicas: dict[str, OperatorProcess] = {}
-    with contextlib.ExitStack() as cleanup:
-        # Last registered, first run: replicas, proxy, peering object, then the session's operator again.
-        cleanup.callback(lambda: None if operator.alive() else operator.start())
-        cleanup.callback(cluster.delete, ClusterKopfPeering, peering)
-        created = cluster.create(ClusterKopfPeering, {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
-                                                      "metadata": {"name": peering, "labels": {OWNED_LABEL: "true"}}})
-        assert created.ok, str(created)
-        proxy.start()
-        cleanup.callback(proxy.stop)
-        for pod in ("ap-e2e-replica-0", "ap-e2e-replica-1"):
-            (tmp_path / pod).mkdir()
-            replica = OperatorProcess(
-                cluster, tmp_path / f"{pod}.log", tmp_path / pod, standalone=False,
-                env={"AP_POD_NAME": pod, "POD_ID": pod, "AP_PEERING_NAME": peering,
-                     "AP_ADVERTISE_PORT": str(proxy.port)})
-            replica.pidfile = replica.pidfile.with_name(f"{replica.pidfile.stem}-{pod}.pid")  # not the session's
-            replicas[pod] = replica
-            replica_logs.append(replica)
-            cleanup.callback(replica.stop)
-        proxy.backends = [replica.listen_port for replica in replicas.values()]
-
-        operator.stop()
-        for replica in replicas.values():
-            replica.start()   # ready, and the API server reaches the replicas through the proxy
-
-        # Peering: both keep-alives in the object, distinct priorities; the lower one pauses.
-        status = eventually(lambda: cluster.get(ClusterKopfPeering, peering).obj.get("status") or {},
-                            lambda peers: set(replicas) <= set(peers), "both replicas' keep-alives", timeout)
-        priorities = {pod: status[pod]["priority"] for pod in replicas}
-        assert len(set(priorities.values())) == 2, f"equal priorities pause everyone: {priorities}"
-        leader_pod, follower_pod = sorted(replicas, key=priorities.__getitem__, reverse=True)
-        leader, follower = replicas[leader_pod], replicas[follower_pod]
-        eventually(lambda: log_of(follower).count("Pausing operations in favour of"), lambda n: n >= 1,
-                   f"{follower_pod} to pause reconciliation", timeout)
+    # The chart's HA shape: the peering CRD and a ClusterKopfPeering, two replicas with distinct
+    # priorities (the lower one pauses), the API server reaching them through one proxy.
+    with replicas(cluster, operator, tmp_path, request) as group:
+        leader, follower = group.processes
+        leader_pod, follower_pod = group.pod(leader), group.pod(follower)
+        proxy = group.proxy
 
         # One reconciles: only the leader handles a new policy; both load it and serve it.
         policies.apply(name_guard(stream_policy, "configmaps", "Fail", prefix="deny-"))
         assert reconciled(leader, stream_policy), "the leader did not reconcile the new policy"
         assert not reconciled(follower, stream_policy), "the paused replica reconciled too"
-        for replica in replicas.values():
+        for replica in group.processes:
             assert f"AdmissionPolicy {stream_policy}: generation 1 loaded" in log_of(replica)
         for cls in (ValidatingWebhookConfiguration, MutatingWebhookConfiguration):
             for hook in webhooks(cluster, cls):
@@ -657,8 +484,7 @@ def test_two_replicas_both_serve_one_reconciles_and_either_can_die(
 
         # The follower back (a new pod), paused again; then the leader is killed mid-stream.
         follower.start()
-        eventually(lambda: log_of(follower).count("Pausing operations in favour of"), lambda n: n >= 2,
-                   f"{follower_pod} to pause again", timeout)
+        eventually(lambda: pauses(follower), lambda n: n >= 2, f"{follower_pod} to pause again", timeout)
         kill_mid_stream(cluster, ns, stream_policy, proxy, leader, f"{leader_pod} (the leader)")
         assert requests_judged(follower, stream_policy) > 0, "the survivor did not serve the stream"
 

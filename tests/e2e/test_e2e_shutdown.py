@@ -7,9 +7,7 @@ configurations (failurePolicy Fail), checks writes, removes the configurations w
 from __future__ import annotations
 
 import os
-import pathlib
 import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -17,47 +15,23 @@ import pykube
 import pytest
 from e2e_kube import (
     EXEMPT_LABEL,
+    GUARD,
+    GUARDED,
+    MUTATED,
     Cluster,
     MutatingWebhookConfiguration,
     OperatorProcess,
     Policies,
     ValidatingWebhookConfiguration,
     assert_denied,
+    cli,
+    configmap,
     eventually,
-    policy_body,
+    guard_policy,
     unique,
 )
 
 pytestmark = pytest.mark.e2e
-
-GUARD = "e2e-configmap-guard"
-GUARDED = "e2e.policy-operator.dev/guarded"
-MUTATED = "e2e.policy-operator.dev/mutated"
-
-
-def guard_policy() -> dict[str, Any]:
-    """Validates and mutates labelled ConfigMaps; both webhook configurations then route ConfigMaps."""
-    body: dict[str, Any] = policy_body(
-        GUARD,
-        description="e2e: ConfigMaps labelled guarded are checked and marked",
-        enforcement="Enforce",
-        failurePolicy="Fail",
-        match={
-            "resources": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"],
-                           "operations": ["CREATE", "UPDATE"]}],
-            "objectSelector": {"matchLabels": {GUARDED: "true"}},
-        },
-        validations=[{"expression": "!object.metadata.name.startsWith('forbidden-')",
-                      "message": "configmap names must not start with forbidden-", "reason": "Forbidden"}],
-        mutations=[{"name": "mark", "merge": {"metadata": {"labels": {MUTATED: "true"}}}}],
-    )
-    return body
-
-
-def configmap(namespace: str, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}}, "data": {"e2e": "yes"}}
-
 
 def routes(cluster: Cluster, cls: type[Any], resource: str) -> bool:
     configuration = cluster.get(cls, cluster.settings.webhook_config_name)
@@ -65,13 +39,6 @@ def routes(cluster: Cluster, cls: type[Any], resource: str) -> bool:
         return False
     return any(resource in rule.get("resources", [])
                for webhook in configuration.obj.get("webhooks") or [] for rule in webhook.get("rules") or [])
-
-
-def cli() -> list[str]:
-    script = pathlib.Path(sys.executable).parent / "admission-policy"
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-c", "from admission_policy.cli import main; main()"]
 
 
 def test_after_the_operator_exits_kube_system_and_its_namespace_stay_writable(
