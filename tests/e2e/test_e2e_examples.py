@@ -431,8 +431,11 @@ def json_patch(old: Json, new: Json) -> list[Json]:
 
 
 def _containers(body: Json) -> Iterator[tuple[str, Json]]:
-    """(list name, container) for a pod's containers of every kind, or a pod template's."""
+    """(list name, container) for a pod's containers of every kind, or a pod template's (a CronJob's
+    under spec.jobTemplate.spec.template)."""
     spec = body.get("spec") or {}
+    if "jobTemplate" in spec:
+        spec = (spec.get("jobTemplate") or {}).get("spec") or {}
     pod_spec = (spec.get("template") or {}).get("spec") or {} if "template" in spec else spec
     for key in ("initContainers", "containers", "ephemeralContainers"):
         for container in pod_spec.get(key) or []:
