@@ -49,6 +49,7 @@ class PolicyOutcome:
     errors: tuple[str, ...] = ()      # evaluation errors, whatever the failure policy
     mutated: bool = False
     denied: bool = False              # this policy denies the request
+    template_of: str = ""             # a Pod policy on a workload: 'Deployment "web"', whose Pod template it judged
 
     @property
     def result(self) -> str:
@@ -402,7 +403,7 @@ class _Run:
             if denied and not reason:
                 reason = record.reason or "Forbidden"
             outcomes.append(PolicyOutcome(name, enforcement, tuple(record.failures), tuple(record.errors),
-                                          record.mutated, denied))
+                                          record.mutated, denied, workload))
         patch: tuple[Mapping[str, Any], ...] = ()
         if self.object is not self.request.object and not denials:
             patch = tuple(diff(self.request.object, self.object))
