@@ -253,6 +253,8 @@ def test_webhooks_route_controllers_only_while_a_pod_policy_needs_them() -> None
     pod_policy = policy(validations=[NO_PRIVILEGED])
     resources = {r for route in registration.routes(pod_policy) for r in route.resources}
     assert {"pods", "deployments", "cronjobs", "replicationcontrollers"} <= resources
+    # A cluster not serving a workload kind is nothing the policy's author has to fix (not Degraded).
+    assert {r for route in registration.routes(pod_policy, derived=False) for r in route.resources} == {"pods"}
     opted_out = policy(validations=[NO_PRIVILEGED], podControllers=[])
     assert {r for route in registration.routes(opted_out) for r in route.resources} == {"pods"}
     mutating = {route.mutating for route in registration.routes(policy(mutations=[

@@ -251,7 +251,9 @@ async def _observe(op: Operator, body: Mapping[str, Any], name: str, generation:
 async def _unserved(op: Operator, compiled: Any, settle: bool) -> list[str]:
     """What the policy names that the cluster does not serve, asking discovery again on a miss
     (rate-limited in ``Discovery``) before saying so."""
-    routes = registration.routes(compiled)
+    # Only what the policy names: a workload kind it judges through Pod templates that this
+    # cluster does not serve (a minimal API server without batch/v1, say) is nothing to fix.
+    routes = registration.routes(compiled, derived=False)
     unserved = unserved_resources(routes, await op.discovery.resources())
     deadline = time.monotonic() + (DISCOVERY_GRACE if settle else 0.0)
     while any(item.endswith(NOT_SERVED) for item in unserved):

@@ -36,14 +36,14 @@ DEBOUNCE = 0.1  # coalesce a burst of watch events (the initial list) into one w
 RECHECK_INTERVAL = 60.0  # read both configurations back at least this often, whatever the watches say
 
 
-def routes(policy: CompiledPolicy) -> list[RouteRule]:
+def routes(policy: CompiledPolicy, *, derived: bool = True) -> list[RouteRule]:
     """What the webhooks must send for one policy: its rules, on the webhooks it uses; for a Pod
-    policy, also the workloads whose Pod templates it judges (so they are routed only while some
-    policy needs them)."""
+    policy, also (``derived``) the workloads whose Pod templates it judges, so that they are
+    routed only while some policy needs them."""
     return [
         RouteRule(rule.api_groups, rule.api_versions, rule.resources, rule.operations,
                   compiled.policy.failure_policy, mutating)
-        for compiled in (policy, *policy.derived)
+        for compiled in ((policy, *policy.derived) if derived else (policy,))
         for rule in compiled.policy.match.resources
         for mutating, wanted in ((False, compiled.validations), (True, compiled.mutations)) if wanted
     ]
