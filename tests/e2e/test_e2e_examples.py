@@ -104,7 +104,8 @@ SCALE_TARGETS = {
 HOLD_FINALIZER = "e2e.policy-operator.dev/hold"
 
 _RESOURCE_CLASSES: tuple[type[APIObject], ...] = (
-    pykube.Pod, pykube.Secret, pykube.Node, pykube.Deployment, pykube.StatefulSet, pykube.DaemonSet)
+    pykube.Pod, pykube.Secret, pykube.Node, pykube.Deployment, pykube.StatefulSet, pykube.DaemonSet,
+    pykube.Job, pykube.CronJob)
 BY_KIND = {cls.kind: cls for cls in _RESOURCE_CLASSES}
 BY_RESOURCE = {cls.endpoint: cls for cls in _RESOURCE_CLASSES}
 
