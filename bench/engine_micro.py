@@ -213,8 +213,11 @@ def main() -> None:
     pin(SERVER_CORE)
     pss = PolicySet(compile_all(policies.example_set("pss")))
     mutation = PolicySet(compile_all(policies.example_set("mutation")))
+    pod_review = breakdown(pss, reviews.pss_pod_create(), Phase.VALIDATE, args.seconds)
+    deployment_review = breakdown(pss, reviews.pss_deployment_create(), Phase.VALIDATE, args.seconds)
     emit(
-        pss=breakdown(pss, reviews.pss_pod_create(), Phase.VALIDATE, args.seconds),
+        pss=pod_review,
+        pss_deployment=deployment_review,
         pss_denied=breakdown(pss, reviews.pod_create(restricted=False), Phase.VALIDATE, args.seconds),
         mutation=breakdown(mutation, reviews.sidecar_pod_create(), Phase.MUTATE, args.seconds),
         scale=scale(args.generated, args.seconds),

@@ -101,13 +101,16 @@ def print_summary(scenarios: dict[str, Any], table: dict[str, Any], met: dict[st
 
 
 def print_engine(engine: dict[str, Any]) -> None:
-    for name in ("pss", "pss_denied", "mutation"):
+    for name in ("pss", "pss_deployment", "pss_denied", "mutation"):
         part = engine[name]
-        print(f"   {name:<11} evaluate {part['evaluate_us']:>7.1f} = activations {part['activation_build_us']:>6.1f}"
+        print(f"   {name:<14} evaluate {part['evaluate_us']:>7.1f} = activations {part['activation_build_us']:>6.1f}"
               f" ({part['activations']}) + CEL {part['cel_evaluation_us']:>7.1f} ({part['cel_programs']} programs)"
               f" + patch {part['patch_computation_us']:>6.1f} + other {part['engine_other_us']:>6.1f};"
               f" json {part['json_decode_us']:.1f}, parse {part['parse_review_us']:.1f},"
               f" response {part['build_response_us']:.1f}", flush=True)
+    pod, deployment = engine["pss"]["evaluate_us"], engine["pss_deployment"]["evaluate_us"]
+    print(f"   Pod Security on a Deployment's Pod template (issue 17): {deployment:.1f} us per CREATE, "
+          f"next to {pod:.1f} us for the Pod itself ({deployment / pod:.2f}x)", flush=True)
     scale = engine["scale"]
     print(f"   {scale['generated']} generated policies: compile {scale['compile_ms_per_policy']} ms each,"
           f" {scale['rss_mb_per_100_policies']} MB per 100; candidates() {scale['candidates_us_pss_only']} ->"

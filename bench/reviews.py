@@ -153,6 +153,23 @@ def pss_pod_create() -> dict[str, Any]:
     return pod_create()
 
 
+def pss_deployment_create() -> dict[str, Any]:
+    """A Deployment CREATE whose Pod template is ``pss_pod_create``'s Pod (its labels and spec):
+    both Pod Security policies judge the template (issue 17) and pass it, every check runs."""
+    pod_body = pod()
+    labels = pod_body["metadata"]["labels"]
+    body = {"kind": "Deployment", "apiVersion": "apps/v1",
+            "metadata": {"name": "nginx", "namespace": "default", "labels": labels,
+                         "uid": "7d2e9c4a-1b3f-4a5e-9c8d-2e3f4a5b6c7d", "creationTimestamp": CREATED,
+                         "generation": 1},
+            "spec": {"replicas": 3, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": pod_body["spec"]}}}
+    return review(_request(group="apps", version="v1", kind="Deployment", resource="deployments", name="nginx",
+                           namespace="default", operation="CREATE", obj=body, old=None, user=ADMIN,
+                           options={"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1",
+                                    "fieldManager": "kubectl-client-side-apply"}))
+
+
 def wide_pod_create(containers: int = 5_000, uid: str = "wide-pod") -> dict[str, Any]:
     """Issue 18's attack: a Pod CREATE with ``containers`` minimal containers ``{"name": "cN",
     "image": "i"}`` (5,000: 141 kB, well under the API server's limit), from any user who may

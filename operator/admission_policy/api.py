@@ -31,6 +31,9 @@ MERGE_MODES: Final = ("Overwrite", "IfAbsent")
 OPERATIONS: Final = ("CREATE", "UPDATE", "DELETE", "CONNECT", "*")
 PATCH_OPS: Final = ("add", "remove", "replace", "copy", "move", "test")
 SELECTOR_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist")
+# The workloads whose Pod templates a Pod policy also judges (engine/podcontrollers.py).
+POD_CONTROLLERS: Final = ("Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "Job", "CronJob",
+                          "ReplicationController")
 
 # Validation reasons and the HTTP codes the API server reports for them.
 REASON_CODES: Final[Mapping[str, int]] = {
@@ -44,7 +47,8 @@ REASON_CODES: Final[Mapping[str, int]] = {
 ACCEPTED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "": frozenset({"apiVersion", "kind", "metadata", "spec", "status"}),
     "spec": frozenset({
-        "description", "enforcement", "failurePolicy", "match", "variables", "validations", "mutations",
+        "description", "enforcement", "failurePolicy", "match", "podControllers", "variables", "validations",
+        "mutations",
     }),
     "spec.match": frozenset({
         "resources", "namespaceSelector", "objectSelector", "excludeNamespaces", "conditions",
@@ -59,7 +63,9 @@ ACCEPTED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "spec.validations[]": frozenset({"expression", "message", "messageExpression", "reason"}),
     "spec.mutations[]": frozenset({"name", "condition", "jsonPatch", "merge", "mergeMode"}),
     "spec.mutations[].jsonPatch[]": frozenset({"op", "path", "from", "value", "valueExpression"}),
-    "status": frozenset({"phase", "observedGeneration", "conditions"}),
+    "status": frozenset({"phase", "observedGeneration", "conditions", "podControllers"}),
+    "status.podControllers": frozenset({"kinds", "notApplied", "reason"}),
+    "status.podControllers.notApplied[]": frozenset({"path", "reason"}),
     "status.conditions[]": frozenset({
         "type", "status", "reason", "message", "lastTransitionTime", "observedGeneration",
     }),
@@ -186,6 +192,9 @@ class AdmissionPolicy:
     variables: tuple[NamedExpression, ...]
     validations: tuple[Validation, ...]
     mutations: tuple[Mutation, ...]
+    # For a policy matching pods: the workload kinds whose Pod templates it also judges.
+    # None (unset): all of POD_CONTROLLERS; () opts out.
+    pod_controllers: tuple[str, ...] | None = None
 
     def expressions(self) -> list[Expression]:
         """Every CEL expression of the policy, in field order."""
@@ -251,6 +260,12 @@ def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionP
     )
     if not validations and not mutations:
         raise PolicyError("spec", "needs at least one validation or mutation")
+    pod_controllers = None
+    if spec.get("podControllers") is not None:
+        pod_controllers = tuple(_strings(spec["podControllers"], "spec.podControllers"))
+        for i, kind in enumerate(pod_controllers):
+            _enum(kind, f"spec.podControllers[{i}]", POD_CONTROLLERS)
+        _check_unique(pod_controllers, "spec.podControllers", "kind", named=False)
     return AdmissionPolicy(
         name=name,
         generation=generation,
@@ -261,6 +276,7 @@ def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionP
         variables=variables,
         validations=validations,
         mutations=mutations,
+        pod_controllers=pod_controllers,
     )
 
 
@@ -413,11 +429,12 @@ def _check_fields(raw: Mapping[str, Any], path: str, schema_path: str) -> None:
         raise PolicyError(where, f"unknown field (allowed here: {allowed})")
 
 
-def _check_unique(names: Sequence[str], path: str, what: str) -> None:
+def _check_unique(names: Sequence[str], path: str, what: str, *, named: bool = True) -> None:
     seen: set[str] = set()
     for i, name in enumerate(names):
         if name in seen:
-            raise PolicyError(f"{path}[{i}].name", f"duplicate {what} name {name!r}")
+            raise PolicyError(f"{path}[{i}].name" if named else f"{path}[{i}]",
+                              f"duplicate {what} name {name!r}" if named else f"duplicate {what} {name!r}")
         seen.add(name)
 
 

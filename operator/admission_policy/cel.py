@@ -172,6 +172,10 @@ class CompiledExpression:
     def release(self) -> None:
         self.program = None
 
+    def tree(self) -> celast.Checked:
+        """The checked syntax tree (rebuilt and cached by source, not held: see ``_tree``)."""
+        return _tree(self.expression.source, self.tier)
+
     def estimate(self, sizes: celcost.Sizes,
                  variables: Mapping[str, celcost.Value] | None = None) -> tuple[float, celcost.Value]:
         """(cost, result) for a request of at most ``sizes`` (``celcost``)."""

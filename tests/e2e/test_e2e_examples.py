@@ -104,7 +104,8 @@ SCALE_TARGETS = {
 HOLD_FINALIZER = "e2e.policy-operator.dev/hold"
 
 _RESOURCE_CLASSES: tuple[type[APIObject], ...] = (
-    pykube.Pod, pykube.Secret, pykube.Node, pykube.Deployment, pykube.StatefulSet, pykube.DaemonSet)
+    pykube.Pod, pykube.Secret, pykube.Node, pykube.Deployment, pykube.StatefulSet, pykube.DaemonSet,
+    pykube.Job, pykube.CronJob)
 BY_KIND = {cls.kind: cls for cls in _RESOURCE_CLASSES}
 BY_RESOURCE = {cls.endpoint: cls for cls in _RESOURCE_CLASSES}
 
@@ -431,8 +432,11 @@ def json_patch(old: Json, new: Json) -> list[Json]:
 
 
 def _containers(body: Json) -> Iterator[tuple[str, Json]]:
-    """(list name, container) for a pod's containers of every kind, or a pod template's."""
+    """(list name, container) for a pod's containers of every kind, or a pod template's (a CronJob's
+    under spec.jobTemplate.spec.template)."""
     spec = body.get("spec") or {}
+    if "jobTemplate" in spec:
+        spec = (spec.get("jobTemplate") or {}).get("spec") or {}
     pod_spec = (spec.get("template") or {}).get("spec") or {} if "template" in spec else spec
     for key in ("initContainers", "containers", "ephemeralContainers"):
         for container in pod_spec.get(key) or []:

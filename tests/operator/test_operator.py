@@ -172,6 +172,10 @@ async def test_a_resource_the_cluster_does_not_serve_is_degraded(
     assert conditions(body)["Compiled"]["status"] == "True"
 
 
+POD_CONTROLLER_RESOURCES = frozenset({"deployments", "replicasets", "statefulsets", "daemonsets", "jobs",
+                                      "cronjobs", "replicationcontrollers"})
+
+
 def routed_resources(emulator: Emulator) -> set[str]:
     config = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME) or {}
     fixed = "policies.validate.policy-operator.dev"
@@ -185,7 +189,8 @@ async def test_delete_unroutes_before_the_finalizer_is_removed(
     async with operator_running(run_operator):
         await emulator.create(ADMISSION_POLICIES, policy_body("temporary", validations=DENY_BAD))
         await wait_phase(emulator, "temporary", "Active")
-        assert routed_resources(emulator) == {"pods"}
+        # A Pod policy also routes the workloads whose Pod templates it judges (issue 17) ...
+        assert routed_resources(emulator) == {"pods", *POD_CONTROLLER_RESOURCES}
         await emulator.delete(ADMISSION_POLICIES, "temporary")
         while emulator.peek(ADMISSION_POLICIES, "temporary") is not None:
             body = emulator.peek(ADMISSION_POLICIES, "temporary") or {}
@@ -193,7 +198,7 @@ async def test_delete_unroutes_before_the_finalizer_is_removed(
                          "pods" in routed_resources(emulator)))
             await asyncio.sleep(0.01)
             assert len(seen) < 2000, "the policy was never released"
-    assert routed_resources(emulator) == set()
+    assert routed_resources(emulator) == set()   # ... only while a policy needs them
     # Whenever the policy was still routed, our finalizer was still holding the object.
     assert all(finalizer for finalizer, routed in seen if routed)
 
@@ -220,8 +225,14 @@ async def test_written_configurations_field_by_field(
                                "operations": ["CREATE", "UPDATE"], "resources": ["admissionpolicies"], "scope": "*"}]
     assert routed["name"] == "fail.validate.policy-operator.dev"
     assert routed["clientConfig"]["url"] == f"https://127.0.0.1:{port}/validate"
-    assert routed["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-                                "resources": ["pods"], "scope": "*"}]
+    # The Pod policy's rule, and the workloads whose Pod templates it judges (issue 17).
+    assert routed["rules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+         "resources": ["pods", "replicationcontrollers"], "scope": "*"},
+        {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+         "resources": ["daemonsets", "deployments", "replicasets", "statefulsets"], "scope": "*"},
+        {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+         "resources": ["cronjobs", "jobs"], "scope": "*"}]
     (mutate,) = mutating["webhooks"]
     assert mutate["name"] == "ignore.mutate.policy-operator.dev"
     assert mutate["failurePolicy"] == "Ignore"

@@ -555,7 +555,8 @@ def test_policy_set_updates_are_new_sets() -> None:
 def test_replacing_a_policy_drops_its_old_routes() -> None:
     deployments = {"apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["deployments"], "operations": ["*"]}
     before = PolicySet([policy("p", validations=[{"expression": "false"}]),
-                        policy("q", validations=[{"expression": "false"}])])
+                        # (q judges no Pod templates: deployments reach p alone)
+                        policy("q", validations=[{"expression": "false"}], podControllers=[])])
     after = before.replace(policy("p", rules=[deployments], validations=[{"expression": "false"}]))
     assert [p.name for p in after.candidates(request(pod()))] == ["q"]
     assert [p.name for p in after.candidates(request({}, resource="deployments", group="apps"))] == ["p"]

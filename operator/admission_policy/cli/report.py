@@ -36,7 +36,8 @@ def decision_text(title: str, decision: Decision, original: Any, generated_name:
     if not decision.outcomes:
         lines.append("  no policy matched")
     for outcome in decision.outcomes:
-        lines.append(f"  {outcome.policy} ({outcome.enforcement}): {outcome.result}")
+        judged = f", the Pod template of {outcome.template_of}" if outcome.template_of else ""
+        lines.append(f"  {outcome.policy} ({outcome.enforcement}{judged}): {outcome.result}")
         lines.extend(f"    - {failure}" for failure in outcome.failures)
         # Under failurePolicy Fail an error is also a failure: print it once, as the failure.
         lines.extend(f"    ! error: {error}" for error in outcome.errors if error not in outcome.failures)
@@ -62,6 +63,7 @@ def decision_json(source: str, decision: Decision, generated_name: str = "") -> 
         "patch": list(decision.patch),
         "policies": [
             {"name": o.policy, "enforcement": o.enforcement, "result": o.result, "failures": list(o.failures),
+             **({"podTemplateOf": o.template_of} if o.template_of else {}),
              "errors": list(o.errors), "mutated": o.mutated}
             for o in decision.outcomes
         ],

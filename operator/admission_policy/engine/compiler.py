@@ -15,6 +15,7 @@ from ..cel import (
     compile_expression,
     referenced_variables,
 )
+from . import podcontrollers
 
 
 class PolicyCompileError(ValueError):
@@ -58,6 +59,13 @@ class CompiledPolicy:
     reads_managed_fields: bool = False   # see evaluation._bound
     # Estimated cost of all expressions by request sizes (rounded up to powers of two): see cost().
     costs: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict, repr=False)
+    # Pod controllers (``podcontrollers``): a Pod policy holds the policies derived from it for the
+    # workloads' Pod templates, one per place a template sits, and what they cover (for status);
+    # a derived policy has its ``template`` location, its rules name the workloads, and its
+    # mutations write into the template. Same name, same programs.
+    derived: tuple[CompiledPolicy, ...] = ()
+    coverage: podcontrollers.Coverage | None = None
+    template: podcontrollers.Location = ()
 
     @property
     def name(self) -> str:
@@ -140,7 +148,114 @@ def compile_policy(policy: api.AdmissionPolicy) -> CompiledPolicy:
             f"{POLICY_BUDGET:,} per policy (for a request of {REFERENCE.size // 1024} KiB with "
             f"{REFERENCE.items:.0f} items per list: see 'Writing policies' in the README)"))])
     _release_cold_programs(compiled)
-    return compiled
+    return _with_pod_controllers(compiled)
+
+
+def _with_pod_controllers(compiled: CompiledPolicy) -> CompiledPolicy:
+    """The policy with the policies that apply it to the Pod templates of workloads (see
+    ``podcontrollers``): everything of it that can hold for a template, rewritten once, here."""
+    policy = compiled.policy
+    if not podcontrollers.pod_rules(policy):
+        return compiled
+    chosen = [c for c in podcontrollers.CONTROLLERS
+              if policy.pod_controllers is None or c.kind in policy.pod_controllers]
+    wanted = [c for c in chosen if not podcontrollers.already_matched(policy, c)]
+    if not wanted:
+        reason = ("spec.podControllers is empty" if not chosen else
+               "spec.match.resources already names every workload kind chosen; they are judged as written")
+        return dataclasses.replace(compiled, coverage=podcontrollers.Coverage((), reason=reason))
+
+    not_applied: list[podcontrollers.NotApplied] = []
+    why: str | None
+    for _, condition in compiled.conditions:
+        why = podcontrollers.pod_only_read(condition)
+        if why:
+            return dataclasses.replace(compiled, coverage=podcontrollers.Coverage(
+                (), (podcontrollers.NotApplied(condition.path, why),),
+                "a match condition cannot hold for a Pod template, so no part of the policy applies to one"))
+    blocked: dict[str, str] = {}   # variable → why it cannot hold for a template
+    for name, variable in compiled.variables.items():
+        why = _blocked(variable, blocked)
+        if why:
+            blocked[name] = why
+
+    validations = []
+    for validation in compiled.validations:
+        why = next((w for e in (validation.check, validation.message) if e and (w := _blocked(e, blocked))), None)
+        if why:
+            not_applied.append(podcontrollers.NotApplied(validation.check.path, why))
+        else:
+            validations.append(validation)
+    mutations: list[tuple[CompiledMutation, str]] = []   # kept, with the path to report if a rewrite fails
+    for mutation in compiled.mutations:
+        expressions = [mutation.condition, *(op.value for op in mutation.operations)]
+        why = next((w for e in expressions if e and (w := _blocked(e, blocked))), None)
+        why = why or _unplaceable(mutation)
+        if why:
+            not_applied.append(podcontrollers.NotApplied(mutation.spec.path, why))
+        else:
+            mutations.append((mutation, mutation.spec.path))
+    if not validations and not mutations:
+        return dataclasses.replace(compiled, coverage=podcontrollers.Coverage(
+            (), tuple(not_applied), "no validation or mutation can hold for a Pod template"))
+
+    specs = [v.spec for v in validations]
+    batch = compiled.validation_batch if len(validations) == len(compiled.validations) else None
+    derived = []
+    for location in dict.fromkeys(c.location for c in wanted):
+        here = [c for c in wanted if c.location == location]
+        rewritten = tuple(_rewritten(mutation, location) for mutation, _ in mutations)
+        spec = dataclasses.replace(
+            policy, validations=tuple(specs), mutations=tuple(m.spec for m in rewritten),
+            match=dataclasses.replace(policy.match, resources=podcontrollers.controller_rules(policy, here)))
+        derived.append(dataclasses.replace(
+            compiled, policy=spec, validations=tuple(validations), mutations=rewritten,
+            validation_batch=batch if batch is not None or not specs else _validation_batch(spec),
+            costs={}, derived=(), coverage=None, template=location))
+    coverage = podcontrollers.Coverage(tuple(c.kind for c in wanted), tuple(not_applied))
+    return dataclasses.replace(compiled, derived=tuple(derived), coverage=coverage)
+
+
+def _blocked(expression: CompiledExpression, blocked: dict[str, str]) -> str | None:
+    """Why an expression cannot hold for a Pod template: it reads what only a Pod has, or a
+    variable that does."""
+    why = podcontrollers.pod_only_read(expression)
+    if why:
+        return why
+    reads = blocked if expression.variables is None else [n for n in blocked if n in expression.variables]
+    for name in reads:
+        return f"reads variables.{name}, which {blocked[name]}"
+    return None
+
+
+def _unplaceable(mutation: CompiledMutation) -> str | None:
+    """Why a mutation has no place in a template (it writes the Pod's name, status...), or None."""
+    spec = mutation.spec
+    if spec.merge is not None:
+        if podcontrollers.rewrite_merge(spec.merge, podcontrollers.POD_TEMPLATE) is None:
+            return ("its merge patch sets more than metadata (labels, annotations) and spec, "
+                    "which is all a Pod template has")
+        return None
+    for op in spec.json_patch or ():
+        for pointer in (op.path, op.from_):
+            if pointer is not None and podcontrollers.rewrite_pointer(pointer, podcontrollers.POD_TEMPLATE) is None:
+                return (f"it writes {pointer}, which has no place in a Pod template (only /spec and "
+                        "/metadata fields other than the name, namespace and server-set ones)")
+    return None
+
+
+def _rewritten(mutation: CompiledMutation, location: podcontrollers.Location) -> CompiledMutation:
+    """The mutation writing into the template at ``location`` (checked by _unplaceable)."""
+    spec = mutation.spec
+    if spec.merge is not None:
+        return dataclasses.replace(mutation, spec=dataclasses.replace(
+            spec, merge=podcontrollers.rewrite_merge(spec.merge, location)))
+    operations = tuple(CompiledPatchOperation(dataclasses.replace(
+        op.spec, path=podcontrollers.rewrite_pointer(op.spec.path, location) or op.spec.path,
+        from_=None if op.spec.from_ is None else podcontrollers.rewrite_pointer(op.spec.from_, location)),
+        op.value) for op in mutation.operations)
+    return dataclasses.replace(mutation, spec=dataclasses.replace(
+        spec, json_patch=tuple(op.spec for op in operations)), operations=operations)
 
 
 def _estimate_all(policy: CompiledPolicy, sizes: celcost.Sizes) -> float:

@@ -24,6 +24,7 @@ from ..api import REASON_CODES, LabelSelector, non_finite
 from ..cel import POLICY_BUDGET, CelEvaluationError, CompiledExpression, new_activation
 from .compiler import CompiledMutation, CompiledPatchOperation, CompiledPolicy, CompiledValidation
 from .patching import PatchError, apply_operation, diff, json_equal, merge
+from .podcontrollers import BY_RESOURCE, pod_view, template_of
 from .policyset import PolicySet
 from .request import AdmissionRequest
 
@@ -48,6 +49,7 @@ class PolicyOutcome:
     errors: tuple[str, ...] = ()      # evaluation errors, whatever the failure policy
     mutated: bool = False
     denied: bool = False              # this policy denies the request
+    template_of: str = ""             # a Pod policy on a workload: 'Deployment "web"', whose Pod template it judged
 
     @property
     def result(self) -> str:
@@ -132,9 +134,10 @@ class _Run:
         self.object: Any = request.object
         self.records: dict[str, tuple[CompiledPolicy, _Record]] = {}
         self.evaluations = 0
-        # Shared by every policy while the object stays the same, keyed by reads_managed_fields:
-        # an activation converts each value for CEL once, on first read, and a Pod is ~40 µs.
-        self.activations: dict[bool, Any] = {}
+        # Shared by every policy while the object stays the same, keyed by reads_managed_fields and
+        # the Pod template read as the object (podcontrollers): an activation converts each value
+        # for CEL once, on first read, and a Pod is ~40 µs.
+        self.activations: dict[tuple[bool, tuple[str, ...]], Any] = {}
         self.deadline, self.clock = deadline, clock
         self.started = clock() if deadline is not None else 0.0
         self._bounds: dict[bool, celcost.Sizes | str] = {}   # see sizes()
@@ -198,15 +201,26 @@ class _Run:
         return policy.policy.failure_policy == "Fail"
 
     def selected(self, policy: CompiledPolicy) -> bool:
-        """The checks that need no CEL: excluded namespaces and label selectors."""
+        """The checks that need no CEL: excluded namespaces and label selectors; and, for a Pod
+        policy on a workload, that the Pod template is new or changed (see ``_template_changed``)."""
         match = policy.policy.match
         namespace = self.request.namespace
         if namespace and namespace in match.exclude_namespaces:
             return False
+        if policy.template and not self._template_changed(policy.template):
+            return False
         if not match.namespace_selector.is_empty and not self._namespace_matches(match.namespace_selector):
             return False
         return match.object_selector.is_empty or any(
-            match.object_selector.matches(labels) for labels in self._labels())
+            match.object_selector.matches(labels) for labels in self._labels(policy.template))
+
+    def _template_changed(self, location: tuple[str, ...]) -> bool:
+        """An UPDATE of a workload that leaves its Pod template as it was makes no Pod unlike
+        those it already has, which were judged (or admitted before the policy existed): scaling,
+        relabelling the workload, a controller writing its annotations must keep working."""
+        if self.request.operation != "UPDATE" or self.request.old_object is None:
+            return True
+        return not json_equal(template_of(self.object, location), template_of(self.request.old_object, location))
 
     def conditions_hold(self, policy: CompiledPolicy, scope: _Scope) -> bool:
         for _name, condition in policy.conditions:
@@ -330,26 +344,32 @@ class _Run:
         return _Scope(self, policy)
 
     def bindings(self, policy: CompiledPolicy) -> dict[str, Any]:
-        """The values a policy's expressions see (``variables`` apart)."""
+        """The values a policy's expressions see (``variables`` apart); for a policy derived for
+        Pod controllers, the objects are the Pods their templates stand for (``pod_view``)."""
         full = policy.reads_managed_fields
+        new, old = self.object, self.request.old_object
+        if policy.template:
+            new, old = pod_view(new, policy.template), pod_view(old, policy.template)
         return {
-            "object": _bound(self.object, full),
-            "oldObject": _bound(self.request.old_object, full),
+            "object": _bound(new, full),
+            "oldObject": _bound(old, full),
             "request": self.request.raw,
             "namespaceObject": _bound(self.namespace_object, full),
         }
 
     def activation(self, policy: CompiledPolicy) -> Any:
         """The shared activation, for programs that bind their own variables (or read none)."""
-        key = policy.reads_managed_fields
+        key = (policy.reads_managed_fields, policy.template)
         if key not in self.activations:
             self.activations[key] = new_activation({**self.bindings(policy), "variables": {}})
         return self.activations[key]
 
-    def _labels(self) -> Iterator[Mapping[str, Any]]:
+    def _labels(self, template: tuple[str, ...] = ()) -> Iterator[Mapping[str, Any]]:
+        """The object's labels, old and new; a Pod template's for a Pod policy on a workload
+        (the labels its Pods will have)."""
         for body in (self.object, self.request.old_object):
             if isinstance(body, Mapping):
-                yield _labels_of(body)
+                yield _labels_of(template_of(body, template) if template else body)
 
     def _namespace_matches(self, selector: LabelSelector) -> bool:
         """A cluster-scoped object is not subject to a namespaceSelector; a Namespace is its own."""
@@ -368,18 +388,22 @@ class _Run:
         for name, (policy, record) in self.records.items():
             enforcement = policy.policy.enforcement
             denied = record.fatal or (enforcement == "Enforce" and bool(record.failures))
+            # A Pod policy on a workload says whose Pod template it judged.
+            workload = self._workload() if policy.template else ""
+            about = f"the Pod template of {workload} would violate the policy: " if workload else ""
             if record.fatal:
-                denials.append(f'AdmissionPolicy "{name}" could not evaluate the request: {record.errors[-1]}')
+                what = f"the Pod template of {workload}" if workload else "the request"
+                denials.append(f'AdmissionPolicy "{name}" could not evaluate {what}: {record.errors[-1]}')
             elif denied:
-                denials.append(f'AdmissionPolicy "{name}" denied the request: {"; ".join(record.failures)}')
+                denials.append(f'AdmissionPolicy "{name}" denied the request: {about}{"; ".join(record.failures)}')
             elif record.failures and enforcement == "Warn":
-                warnings.extend(f'AdmissionPolicy "{name}": {failure}' for failure in record.failures)
+                warnings.extend(f'AdmissionPolicy "{name}": {about}{failure}' for failure in record.failures)
             elif record.failures and enforcement == "Audit":
-                audit[name[:63]] = json.dumps(record.failures)
+                audit[name[:63]] = json.dumps([about + failure for failure in record.failures])
             if denied and not reason:
                 reason = record.reason or "Forbidden"
             outcomes.append(PolicyOutcome(name, enforcement, tuple(record.failures), tuple(record.errors),
-                                          record.mutated, denied))
+                                          record.mutated, denied, workload))
         patch: tuple[Mapping[str, Any], ...] = ()
         if self.object is not self.request.object and not denials:
             patch = tuple(diff(self.request.object, self.object))
@@ -393,6 +417,18 @@ class _Run:
                             evaluations=self.evaluations)
         return Decision(allowed=True, warnings=tuple(warnings), audit_annotations=audit, patch=patch,
                         patched_object=self.object, outcomes=tuple(outcomes), evaluations=self.evaluations)
+
+
+    def _workload(self) -> str:
+        """``Deployment "web"``: the kind and name of the workload a request writes."""
+        controller = BY_RESOURCE.get((self.request.group, self.request.resource))
+        kind = controller.kind if controller else self.request.resource
+        name = self.request.name
+        if not name:
+            metadata = self.object.get("metadata") if isinstance(self.object, Mapping) else None
+            found = metadata.get("name") or metadata.get("generateName") if isinstance(metadata, Mapping) else None
+            name = found if isinstance(found, str) else ""
+        return f'{kind} "{name}"' if name else kind
 
 
 class _Scope:

@@ -92,16 +92,25 @@ def _keys(rule: ResourceRule) -> Iterator[_Key]:
         yield group, main, sub, operation
 
 
+def _entries(policy: CompiledPolicy) -> Iterator[_Entry]:
+    """A policy's rules, and those of the policies derived from it for Pod controllers (their
+    resources never overlap: see ``podcontrollers.already_matched``)."""
+    for compiled in (policy, *policy.derived):
+        for rule in compiled.policy.match.resources:
+            yield compiled, rule
+
+
 def _add(index: _Index, policy: CompiledPolicy) -> None:
-    for rule in policy.policy.match.resources:
+    for compiled, rule in _entries(policy):
         for key in _keys(rule):
-            index[key] = (*index.get(key, ()), (policy, rule))
+            index[key] = (*index.get(key, ()), (compiled, rule))
 
 
 def _discard(index: _Index, policy: CompiledPolicy) -> None:
-    for rule in policy.policy.match.resources:
+    mine = {id(compiled) for compiled in (policy, *policy.derived)}
+    for _, rule in _entries(policy):
         for key in _keys(rule):
-            kept = tuple(entry for entry in index.get(key, ()) if entry[0] is not policy)
+            kept = tuple(entry for entry in index.get(key, ()) if id(entry[0]) not in mine)
             if kept:
                 index[key] = kept
             else:

@@ -39,6 +39,11 @@ class Observation:
     """What reconciliation found out about one generation of a policy."""
     compiled: Condition
     registered: Condition
+    # What a compiled generation does to the Pod templates of workloads (``Coverage.as_status``;
+    # None: nothing, it matches no pods), written only when ``reports_pod_controllers``: an
+    # observation rebuilt from the status alone (registration lost) leaves it as it is.
+    pod_controllers: Mapping[str, Any] | None = None
+    reports_pod_controllers: bool = False
 
     @property
     def phase(self) -> Phase:
@@ -84,7 +89,10 @@ def status_patch(
     previous = {c.get("type"): c for c in (old_status or {}).get("conditions") or [] if isinstance(c, Mapping)}
     conditions = [_condition(previous.get(c.type), c, generation, now)
                   for c in (observation.compiled, observation.registered, observation.ready)]
-    return {"phase": observation.phase, "observedGeneration": generation, "conditions": conditions}
+    patch: dict[str, Any] = {"phase": observation.phase, "observedGeneration": generation, "conditions": conditions}
+    if observation.reports_pod_controllers:   # a merge patch: None removes what an older generation had
+        patch["podControllers"] = dict(observation.pod_controllers) if observation.pod_controllers else None
+    return patch
 
 
 def terminating_patch(old_status: Mapping[str, Any] | None, now: datetime.datetime) -> dict[str, Any]:

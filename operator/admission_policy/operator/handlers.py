@@ -25,7 +25,7 @@ import kopf
 from kubernetes_asyncio import client
 
 from .. import api
-from ..engine import Decision, Phase, PolicyCompileError, evaluate
+from ..engine import CompiledPolicy, Decision, Phase, PolicyCompileError, evaluate
 from . import certificates, conditions, events, metrics, registration, watcher
 from .decisions import DecisionLog
 from .kube import Discovery, leads_peering, new_api_client
@@ -200,6 +200,16 @@ async def recheck_degraded(body: kopf.Body, name: str, meta: kopf.Meta, status: 
 
 async def observe(op: Operator, body: Mapping[str, Any], name: str, generation: int,
                   *, settle: bool = False) -> conditions.Observation:
+    """See ``_observe``; a compiled generation also reports what it does to Pod controllers."""
+    observation, compiled = await _observe(op, body, name, generation, settle=settle)
+    if compiled is None:
+        return observation
+    coverage = compiled.coverage.as_status() if compiled.coverage else None
+    return dataclasses.replace(observation, pod_controllers=coverage, reports_pod_controllers=True)
+
+
+async def _observe(op: Operator, body: Mapping[str, Any], name: str, generation: int,
+                   *, settle: bool) -> tuple[conditions.Observation, CompiledPolicy | None]:
     """Compile this generation, check what it names against discovery, wait until it is routed.
 
     ``settle``: a resource discovery does not know yet gets ``DISCOVERY_GRACE`` to appear — a CRD
@@ -215,31 +225,35 @@ async def observe(op: Operator, body: Mapping[str, Any], name: str, generation: 
         reason = "CompileError" if isinstance(error, PolicyCompileError) else "InvalidSpec"
         return conditions.Observation(
             conditions.Condition(conditions.COMPILED, "False", reason, error_text(error) + note),
-            conditions.Condition(conditions.REGISTERED, "Unknown", "NotCompiled", "this generation did not compile"))
+            conditions.Condition(conditions.REGISTERED, "Unknown", "NotCompiled",
+                                 "this generation did not compile")), None
     compiled_ok = conditions.Condition(conditions.COMPILED, "True", "Compiled",
                                    f"{len(compiled.policy.expressions())} CEL expression(s) compiled and type-checked")
     if op.store.registration_lost:
-        return conditions.Observation(compiled_ok, _registration_lost(op))
+        return conditions.Observation(compiled_ok, _registration_lost(op)), compiled
     if not await op.store.wait_registered(name, generation, REGISTRATION_TIMEOUT):
         if op.store.registration_lost:
-            return conditions.Observation(compiled_ok, _registration_lost(op))
+            return conditions.Observation(compiled_ok, _registration_lost(op)), compiled
         return conditions.Observation(compiled_ok, conditions.Condition(
-            conditions.REGISTERED, "Unknown", "Registering", "waiting for the webhook configurations to be written"))
+            conditions.REGISTERED, "Unknown", "Registering", "waiting for the webhook configurations to be written")), \
+            compiled
     unserved = await _unserved(op, compiled, settle)
     if unserved:
         return conditions.Observation(compiled_ok, conditions.Condition(
             conditions.REGISTERED, "False", "UnservedResources",
             f"not served by this cluster, so never checked: {'; '.join(unserved)}; install the API or "
-            "fix spec.match.resources (the rest of the policy is enforced)"))
+            "fix spec.match.resources (the rest of the policy is enforced)")), compiled
     return conditions.Observation(compiled_ok, conditions.Condition(
         conditions.REGISTERED, "True", "Registered",
-        f"routed by {op.settings.webhook_config_name} webhook configurations"))
+        f"routed by {op.settings.webhook_config_name} webhook configurations")), compiled
 
 
 async def _unserved(op: Operator, compiled: Any, settle: bool) -> list[str]:
     """What the policy names that the cluster does not serve, asking discovery again on a miss
     (rate-limited in ``Discovery``) before saying so."""
-    routes = registration.routes(compiled)
+    # Only what the policy names: a workload kind it judges through Pod templates that this
+    # cluster does not serve (a minimal API server without batch/v1, say) is nothing to fix.
+    routes = registration.routes(compiled, derived=False)
     unserved = unserved_resources(routes, await op.discovery.resources())
     deadline = time.monotonic() + (DISCOVERY_GRACE if settle else 0.0)
     while any(item.endswith(NOT_SERVED) for item in unserved):

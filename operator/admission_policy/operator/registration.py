@@ -36,14 +36,16 @@ DEBOUNCE = 0.1  # coalesce a burst of watch events (the initial list) into one w
 RECHECK_INTERVAL = 60.0  # read both configurations back at least this often, whatever the watches say
 
 
-def routes(policy: CompiledPolicy) -> list[RouteRule]:
-    """What the webhooks must send for one policy: its rules, on the webhooks it uses."""
-    kinds = [flag for flag, wanted in ((False, policy.validations), (True, policy.mutations)) if wanted]
+def routes(policy: CompiledPolicy, *, derived: bool = True) -> list[RouteRule]:
+    """What the webhooks must send for one policy: its rules, on the webhooks it uses; for a Pod
+    policy, also (``derived``) the workloads whose Pod templates it judges, so that they are
+    routed only while some policy needs them."""
     return [
         RouteRule(rule.api_groups, rule.api_versions, rule.resources, rule.operations,
-                  policy.policy.failure_policy, mutating)
-        for rule in policy.policy.match.resources
-        for mutating in kinds
+                  compiled.policy.failure_policy, mutating)
+        for compiled in ((policy, *policy.derived) if derived else (policy,))
+        for rule in compiled.policy.match.resources
+        for mutating, wanted in ((False, compiled.validations), (True, compiled.mutations)) if wanted
     ]
 
 
