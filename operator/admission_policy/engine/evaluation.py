@@ -141,6 +141,7 @@ class _Run:
         self.deadline, self.clock = deadline, clock
         self.started = clock() if deadline is not None else 0.0
         self._bounds: dict[bool, celcost.Sizes | str] = {}   # see sizes()
+        self._templates_changed: dict[tuple[str, ...], tuple[Any, bool]] = {}   # see _template_changed()
 
     def guarded(self, policy: CompiledPolicy, action: Callable[[CompiledPolicy], None]) -> None:
         """Run one policy's phase; whatever stops it is an evaluation error of that policy."""
@@ -220,7 +221,12 @@ class _Run:
         relabelling the workload, a controller writing its annotations must keep working."""
         if self.request.operation != "UPDATE" or self.request.old_object is None:
             return True
-        return not json_equal(template_of(self.object, location), template_of(self.request.old_object, location))
+        # Once per object (a mutation makes a new one), not once per Pod policy.
+        cached = self._templates_changed.get(location)
+        if cached is None or cached[0] is not self.object:
+            changed = not json_equal(template_of(self.object, location), template_of(self.request.old_object, location))
+            cached = self._templates_changed[location] = (self.object, changed)
+        return cached[1]
 
     def conditions_hold(self, policy: CompiledPolicy, scope: _Scope) -> bool:
         for _name, condition in policy.conditions:

@@ -384,7 +384,7 @@ class _Connections:
         self.limit = limit
         self.throttle = throttle
         self.min_idle = min_idle
-        self.open: collections.OrderedDict[_Gate, None] = collections.OrderedDict()
+        self.open: set[_Gate] = set()
 
     def admit(self, gate: _Gate) -> bool:
         if len(self.open) >= self.limit:
@@ -399,11 +399,11 @@ class _Connections:
                               idle.peer, gate.peer, self.limit)
             self.discard(idle)
             idle.close()
-        self.open[gate] = None
+        self.open.add(gate)
         return True
 
     def discard(self, gate: _Gate) -> None:
-        self.open.pop(gate, None)
+        self.open.discard(gate)
 
 
 class _Throttle:
