@@ -60,8 +60,10 @@ ACCEPTED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "spec.match.objectSelector.matchExpressions[]": frozenset({"key", "operator", "values"}),
     "spec.match.conditions[]": frozenset({"name", "expression"}),
     "spec.variables[]": frozenset({"name", "expression"}),
-    "spec.validations[]": frozenset({"expression", "message", "messageExpression", "reason"}),
-    "spec.mutations[]": frozenset({"name", "condition", "jsonPatch", "merge", "mergeMode"}),
+    "spec.validations[]": frozenset({"expression", "plugin", "message", "messageExpression", "reason"}),
+    "spec.validations[].plugin": frozenset({"name", "config"}),
+    "spec.mutations[]": frozenset({"name", "condition", "jsonPatch", "merge", "mergeMode", "plugin"}),
+    "spec.mutations[].plugin": frozenset({"name", "config"}),
     "spec.mutations[].jsonPatch[]": frozenset({"op", "path", "from", "value", "valueExpression"}),
     "status": frozenset({"phase", "observedGeneration", "conditions", "podControllers"}),
     "status.podControllers": frozenset({"kinds", "notApplied", "reason"}),
@@ -149,11 +151,25 @@ class Match:
 
 
 @dataclasses.dataclass(frozen=True)
+class PluginRef:
+    """A Python plugin used as a validation or mutation (``admission_policy.plugins``); its config
+    is checked against the plugin's schema when the policy is compiled."""
+    name: str
+    config: Any   # a JSON object
+    path: str     # "spec.validations[1].plugin"
+
+
+@dataclasses.dataclass(frozen=True)
 class Validation:
-    expression: Expression
+    expression: Expression | None    # exactly one of expression and plugin
     message: str | None
     message_expression: Expression | None
     reason: str
+    plugin: PluginRef | None = None
+
+    @property
+    def path(self) -> str:
+        return self.plugin.path if self.plugin else self.expression.path if self.expression else ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +195,7 @@ class Mutation:
     merge: Any  # a JSON object (RFC 7386 merge patch), or None with json_patch
     merge_mode: MergeMode
     path: str
+    plugin: PluginRef | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,7 +218,8 @@ class AdmissionPolicy:
         found = [c.expression for c in self.match.conditions]
         found += [v.expression for v in self.variables]
         for validation in self.validations:
-            found.append(validation.expression)
+            if validation.expression is not None:
+                found.append(validation.expression)
             if validation.message_expression is not None:
                 found.append(validation.message_expression)
         for mutation in self.mutations:
@@ -368,8 +386,26 @@ def _parse_validation(value: Any, path: str) -> Validation:
     if raw.get("messageExpression") is not None:
         message_expression = _expression(raw["messageExpression"], f"{path}.messageExpression")
     reason = _enum(raw.get("reason", "Forbidden"), f"{path}.reason", tuple(REASON_CODES))
+    if raw.get("plugin") is not None:
+        if raw.get("expression") is not None:
+            raise PolicyError(path, "needs exactly one of expression or plugin")
+        if message is not None or message_expression is not None:
+            raise PolicyError(path, "a plugin's failures carry their own messages: message and messageExpression "
+                                    "are for expressions")
+        return Validation(None, None, None, reason, _parse_plugin(raw["plugin"], f"{path}.plugin",
+                                                                   "spec.validations[].plugin"))
     return Validation(_expression(raw.get("expression"), f"{path}.expression"), message,
                       message_expression, reason)
+
+
+def _parse_plugin(value: Any, path: str, schema_path: str) -> PluginRef:
+    raw = _mapping(value, path)
+    _check_fields(raw, path, schema_path)
+    name = _string(raw.get("name"), f"{path}.name")
+    if not name:
+        raise PolicyError(f"{path}.name", "must not be empty")
+    config = _finite(copy.deepcopy(dict(_mapping(raw.get("config", {}), f"{path}.config"))), f"{path}.config")
+    return PluginRef(name, config, path)
 
 
 def _parse_mutation(value: Any, path: str, index: int) -> Mutation:
@@ -380,8 +416,13 @@ def _parse_mutation(value: Any, path: str, index: int) -> Mutation:
     if raw.get("condition") is not None:
         condition = _expression(raw["condition"], f"{path}.condition")
     has_patch, has_merge = raw.get("jsonPatch") is not None, raw.get("merge") is not None
+    if raw.get("plugin") is not None:
+        if has_patch or has_merge:
+            raise PolicyError(path, "needs exactly one of jsonPatch, merge or plugin")
+        return Mutation(name, condition, None, None, "Overwrite", path,
+                        _parse_plugin(raw["plugin"], f"{path}.plugin", "spec.mutations[].plugin"))
     if has_patch == has_merge:
-        raise PolicyError(path, "needs exactly one of jsonPatch or merge")
+        raise PolicyError(path, "needs exactly one of jsonPatch, merge or plugin")
     merge_mode = _enum(raw.get("mergeMode", "Overwrite"), f"{path}.mergeMode", MERGE_MODES)
     json_patch = None
     merge = None

@@ -35,7 +35,7 @@ def body(**spec: Any) -> dict[str, Any]:
      "spec.mutations[0].jsonPatch[0]", "exactly one of value or valueExpression"),
     ({"mutations": [{"jsonPatch": [{"op": "remove", "path": "a"}]}]}, "spec.mutations[0].jsonPatch[0].path",
      "JSON pointer"),
-    ({"mutations": [{"merge": {}, "jsonPatch": []}]}, "spec.mutations[0]", "exactly one of jsonPatch or merge"),
+    ({"mutations": [{"merge": {}, "jsonPatch": []}]}, "spec.mutations[0]", "exactly one of jsonPatch, merge or plugin"),
     ({"validations": [{"expression": "true"}],
       "match": {"resources": [RULE], "namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}},
      "spec.match.namespaceSelector.matchExpressions[0].values", "must not be empty"),

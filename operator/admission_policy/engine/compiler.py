@@ -6,7 +6,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from .. import api, celcost
+from .. import api, celcost, features
+from .. import plugins as plugin_api
 from ..cel import (
     POLICY_BUDGET,
     REFERENCE,
@@ -28,11 +29,30 @@ class PolicyCompileError(ValueError):
         self.errors = errors
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class BoundPlugin:
+    """A plugin as one policy uses it: its prepared config, and whether its gate is on."""
+    plugin: plugin_api.Plugin
+    config: Any
+    path: str                  # spec.validations[1].plugin
+    enabled: bool = True
+    gate: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.plugin.name
+
+
 @dataclasses.dataclass(frozen=True)
 class CompiledValidation:
     spec: api.Validation
-    check: CompiledExpression
+    check: CompiledExpression | None     # None: a plugin validation
     message: CompiledExpression | None
+    plugin: BoundPlugin | None = None
+
+    @property
+    def path(self) -> str:
+        return self.check.path if self.check is not None else self.spec.path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +66,7 @@ class CompiledMutation:
     spec: api.Mutation
     condition: CompiledExpression | None
     operations: tuple[CompiledPatchOperation, ...]
+    plugin: BoundPlugin | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -66,6 +87,16 @@ class CompiledPolicy:
     derived: tuple[CompiledPolicy, ...] = ()
     coverage: podcontrollers.Coverage | None = None
     template: podcontrollers.Location = ()
+    # Plugin rules whose feature gate is off: skipped, and the policy reports them (Degraded).
+    gated_off: tuple[str, ...] = ()
+
+    def plugins(self) -> Iterator[BoundPlugin]:
+        for validation in self.validations:
+            if validation.plugin is not None:
+                yield validation.plugin
+        for mutation in self.mutations:
+            if mutation.plugin is not None:
+                yield mutation.plugin
 
     @property
     def name(self) -> str:
@@ -77,7 +108,8 @@ class CompiledPolicy:
         for _, condition in self.conditions:
             yield condition
         for validation in self.validations:
-            yield validation.check
+            if validation.check is not None:
+                yield validation.check
             if validation.message is not None:
                 yield validation.message
         for mutation in self.mutations:
@@ -96,9 +128,36 @@ class CompiledPolicy:
         return self.costs[key]
 
 
-def compile_policy(policy: api.AdmissionPolicy) -> CompiledPolicy:
-    """Compile all expressions, collecting every error rather than stopping at the first."""
+def compile_policy(policy: api.AdmissionPolicy, *, registry: plugin_api.Registry | None = None,
+                   gates: features.FeatureGates | None = None) -> CompiledPolicy:
+    """Compile all expressions and bind every plugin to its checked config, collecting every error
+    rather than stopping at the first. ``registry``/``gates``: the process's, by default."""
     errors: list[CelCompileError] = []
+    plugins = registry if registry is not None else plugin_api.registry()
+    gates = gates if gates is not None else features.current()
+
+    def bind(ref: api.PluginRef | None, kind: str) -> BoundPlugin | None:
+        if ref is None:
+            return None
+        plugin = plugins.get(ref.name)
+        if plugin is None:
+            installed = ", ".join(sorted(plugins.plugins)) or "none"
+            errors.append(CelCompileError(f"{ref.path}.name", f"no plugin named {ref.name!r} is installed "
+                                                                f"(installed: {installed})"))
+            return None
+        if plugin.kind != kind:
+            errors.append(CelCompileError(f"{ref.path}.name", f"plugin {ref.name!r} is a {plugin.kind}, "
+                                                                f"not a {kind}"))
+            return None
+        config, problems = plugin_api.check_config(plugin, ref.config)
+        for where, message in problems:
+            errors.append(CelCompileError(f"{ref.path}.config" + (f".{where}" if where and not where.startswith("[")
+                                                                  else where), message))
+        if problems:
+            return None
+        gate = plugin.gate_name()
+        enabled = gates.enabled("PythonPlugins") and gates.enabled(gate)
+        return BoundPlugin(plugin, config, ref.path, enabled, gate)
 
     # What each variable returns, estimated, for the expressions that read it (``celcost``).
     results: dict[str, celcost.Value] = {}
@@ -118,27 +177,33 @@ def compile_policy(policy: api.AdmissionPolicy) -> CompiledPolicy:
         variables[variable.name] = built = build(variable.expression)
         # One that failed still counts, as large as the request, for those that read it.
         results[variable.name] = built.result if built else celcost.Value(math.inf, math.inf)
-    validations = [(v, build(v.expression, "bool"), build(v.message_expression, "string"))
-                   for v in policy.validations]
+    validations = [(v, build(v.expression, "bool"), build(v.message_expression, "string"),
+                    bind(v.plugin, "validator")) for v in policy.validations]
     mutations = [(m, build(m.condition, "bool"),
-                  [(op, build(op.value_expression)) for op in m.json_patch or ()])
+                  [(op, build(op.value_expression)) for op in m.json_patch or ()], bind(m.plugin, "mutator"))
                  for m in policy.mutations]
     errors.extend(_undeclared_variables(policy))
     if errors:
         raise PolicyCompileError(policy.name, errors)
 
     # No errors: every build() above returned a program.
+    bound = [p for *_, p in validations if p is not None] + [p for *_, p in mutations if p is not None]
+    gated_off = tuple(
+        f"{p.path}: plugin {p.name!r} is switched off by feature gate "
+        f"{'PythonPlugins' if not gates.enabled('PythonPlugins') else p.gate}=false; this rule is skipped"
+        for p in bound if not p.enabled)
     compiled = CompiledPolicy(
-        validation_batch=_validation_batch(policy),
+        gated_off=gated_off,
+        validation_batch=None if any(p for *_, p in validations) else _validation_batch(policy),
         reads_managed_fields=any("managedFields" in e.source for e in policy.expressions()),
         policy=policy,
         conditions=tuple((name, _ok(c)) for name, c in conditions),
         variables={name: _ok(v) for name, v in variables.items()},
-        validations=tuple(CompiledValidation(spec, _ok(check), message)
-                          for spec, check, message in validations),
+        validations=tuple(CompiledValidation(spec, check if plugin else _ok(check), message, plugin)
+                          for spec, check, message, plugin in validations),
         mutations=tuple(
-            CompiledMutation(spec, condition, tuple(CompiledPatchOperation(op, value) for op, value in ops))
-            for spec, condition, ops in mutations
+            CompiledMutation(spec, condition, tuple(CompiledPatchOperation(op, value) for op, value in ops), plugin)
+            for spec, condition, ops, plugin in mutations
         ),
     )
     total = sum(expression.cost for expression in compiled.expressions())
@@ -183,7 +248,7 @@ def _with_pod_controllers(compiled: CompiledPolicy) -> CompiledPolicy:
     for validation in compiled.validations:
         why = next((w for e in (validation.check, validation.message) if e and (w := _blocked(e, blocked))), None)
         if why:
-            not_applied.append(podcontrollers.NotApplied(validation.check.path, why))
+            not_applied.append(podcontrollers.NotApplied(validation.path, why))
         else:
             validations.append(validation)
     mutations: list[tuple[CompiledMutation, str]] = []   # kept, with the path to report if a rewrite fails
@@ -231,6 +296,8 @@ def _blocked(expression: CompiledExpression, blocked: dict[str, str]) -> str | N
 def _unplaceable(mutation: CompiledMutation) -> str | None:
     """Why a mutation has no place in a template (it writes the Pod's name, status...), or None."""
     spec = mutation.spec
+    if spec.plugin is not None:
+        return "a mutation plugin changes whole objects; it is not applied to Pod templates"
     if spec.merge is not None:
         if podcontrollers.rewrite_merge(spec.merge, podcontrollers.POD_TEMPLATE) is None:
             return ("its merge patch sets more than metadata (labels, annotations) and spec, "
@@ -279,7 +346,7 @@ def _release_cold_programs(policy: CompiledPolicy) -> None:
     the validation batch covers (mutations read conditions and variables one program at a time)."""
     cold = [validation.message for validation in policy.validations if validation.message is not None]
     if policy.validation_batch is not None:
-        cold += [validation.check for validation in policy.validations]
+        cold += [validation.check for validation in policy.validations if validation.check is not None]
         if not policy.mutations:
             cold += [condition for _, condition in policy.conditions] + list(policy.variables.values())
     for expression in cold:
@@ -318,7 +385,9 @@ def _validation_batch(policy: api.AdmissionPolicy) -> CompiledExpression | None:
     """
     if not policy.validations:
         return None
-    sources = [v.expression.source for v in policy.validations]
+    sources = [v.expression.source for v in policy.validations if v.expression is not None]
+    if len(sources) != len(policy.validations):
+        return None   # plugins run one at a time, in order
     needed: set[str] = set()
     for source in sources:
         needed |= set(referenced_variables(source) or (v.name for v in policy.variables))

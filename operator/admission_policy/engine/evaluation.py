@@ -22,7 +22,8 @@ from typing import Any, Final
 from .. import celcost
 from ..api import REASON_CODES, LabelSelector, non_finite
 from ..cel import POLICY_BUDGET, CelEvaluationError, CompiledExpression, new_activation
-from .compiler import CompiledMutation, CompiledPatchOperation, CompiledPolicy, CompiledValidation
+from ..plugins import Failure, PluginRequest
+from .compiler import BoundPlugin, CompiledMutation, CompiledPatchOperation, CompiledPolicy, CompiledValidation
 from .patching import PatchError, apply_operation, diff, json_equal, merge
 from .podcontrollers import BY_RESOURCE, pod_view, template_of
 from .policyset import PolicySet
@@ -62,6 +63,23 @@ class PolicyOutcome:
 
 
 @dataclasses.dataclass(frozen=True)
+class PluginCall:
+    """One plugin call, for the per-plugin metrics: passed, failed, error, mutated or unchanged."""
+    plugin: str
+    result: str
+    seconds: float
+
+
+class PluginCallError(Exception):
+    """A plugin that raised, overran its time budget or returned something else than documented."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+
+
+@dataclasses.dataclass(frozen=True)
 class Decision:
     allowed: bool
     code: int = 200
@@ -73,6 +91,7 @@ class Decision:
     patched_object: Any = None
     outcomes: tuple[PolicyOutcome, ...] = ()
     evaluations: int = 0              # CEL programs run for this request
+    plugin_calls: tuple[PluginCall, ...] = ()
 
 
 def evaluate(
@@ -142,6 +161,7 @@ class _Run:
         self.started = clock() if deadline is not None else 0.0
         self._bounds: dict[bool, celcost.Sizes | str] = {}   # see sizes()
         self._templates_changed: dict[tuple[str, ...], tuple[Any, bool]] = {}   # see _template_changed()
+        self.plugin_calls: list[PluginCall] = []
 
     def guarded(self, policy: CompiledPolicy, action: Callable[[CompiledPolicy], None]) -> None:
         """Run one policy's phase; whatever stops it is an evaluation error of that policy."""
@@ -194,7 +214,8 @@ class _Run:
             self.records[policy.name] = (policy, _Record())
         return self.records[policy.name][1]
 
-    def fail(self, policy: CompiledPolicy, error: CelEvaluationError | PatchError, path: str = "") -> bool:
+    def fail(self, policy: CompiledPolicy, error: CelEvaluationError | PatchError | PluginCallError,
+             path: str = "") -> bool:
         """Record an evaluation error; True when the failure policy says to stop (Fail)."""
         text = f"{path}: {error}" if path else str(error)
         record = self.record(policy)
@@ -251,8 +272,8 @@ class _Run:
         record = self.record(policy)
         for mutation in policy.mutations:
             try:
-                changed = self._apply(mutation, scope)
-            except (CelEvaluationError, PatchError) as error:
+                changed = self._apply(mutation, scope, policy)
+            except (CelEvaluationError, PatchError, PluginCallError) as error:
                 path = mutation.spec.path if isinstance(error, PatchError) else ""
                 if self.fail(policy, error, path):
                     record.fatal = True
@@ -265,12 +286,16 @@ class _Run:
                 record.mutated = True
                 scope = self.scope(policy)
 
-    def _apply(self, mutation: CompiledMutation, scope: _Scope) -> Any:
+    def _apply(self, mutation: CompiledMutation, scope: _Scope, policy: CompiledPolicy) -> Any:
         """The object after this mutation, or None when it does not apply or changes nothing."""
+        if mutation.plugin is not None and not mutation.plugin.enabled:
+            return None
         if mutation.condition is not None and not scope.evaluate(mutation.condition):
             return None
         result = self.object
-        if mutation.spec.merge is not None:
+        if mutation.plugin is not None:
+            result = self._plugin_mutation(mutation.plugin, policy)
+        elif mutation.spec.merge is not None:
             if_absent = mutation.spec.merge_mode == "IfAbsent"
             result = merge(result, _clone(mutation.spec.merge), if_absent=if_absent)
         else:
@@ -298,6 +323,74 @@ class _Run:
                                                                   "not a JSON number and cannot go into a patch")
         return operation
 
+    def _call(self, bound: BoundPlugin, policy: CompiledPolicy, obj: Any) -> Any:
+        """Call a plugin, timed: raising, or overrunning its budget, is a PluginCallError."""
+        self.check_deadline(bound.path)
+        bindings = self.bindings(policy)
+        request = PluginRequest(obj, bindings["oldObject"], self.request.raw, bindings["namespaceObject"])
+        plugin = bound.plugin
+        started = time.perf_counter()
+        try:
+            if plugin.kind == "validator":
+                result = plugin.validate(bound.config, request)  # type: ignore[attr-defined]
+            else:
+                result = plugin.mutate(bound.config, request)  # type: ignore[attr-defined]
+        except Exception as exc:
+            self.plugin_calls.append(PluginCall(plugin.name, "error", time.perf_counter() - started))
+            raise PluginCallError(bound.path, f"plugin {plugin.name!r} raised {type(exc).__name__}: {exc}") from None
+        spent = time.perf_counter() - started
+        if spent > plugin.time_budget:
+            self.plugin_calls.append(PluginCall(plugin.name, "error", spent))
+            raise PluginCallError(bound.path, f"plugin {plugin.name!r} took {spent * 1000:.0f} ms, over its "
+                                              f"budget of {plugin.time_budget * 1000:.0f} ms per call")
+        self.plugin_calls.append(PluginCall(plugin.name, "", spent))
+        return result
+
+    def _result(self, name: str, result: str) -> None:
+        last = self.plugin_calls[-1]
+        self.plugin_calls[-1] = dataclasses.replace(last, result=result)
+
+    def _plugin_mutation(self, bound: BoundPlugin, policy: CompiledPolicy) -> Any:
+        result = self._call(bound, policy, _clone(self.object))   # never on a Pod template (compiler)
+        if result is None:
+            self._result(bound.name, "unchanged")
+            return self.object
+        if isinstance(result, Mapping) and not non_finite(result):
+            self._result(bound.name, "mutated")
+            return dict(result)
+        if isinstance(result, (list, tuple)) and all(isinstance(op, Mapping) for op in result):
+            self._result(bound.name, "mutated")
+            changed = self.object
+            for operation in result:
+                changed = apply_operation(changed, dict(operation))
+            return changed
+        self._result(bound.name, "error")
+        raise PluginCallError(bound.path, f"plugin {bound.name!r} returned {type(result).__name__}, not a JSON "
+                                          "patch (a list of operations), an object or None")
+
+    def _plugin_validation(self, policy: CompiledPolicy, validation: CompiledValidation) -> None:
+        bound = validation.plugin
+        assert bound is not None
+        if not bound.enabled:
+            return
+        record = self.record(policy)
+        try:
+            bindings = self.bindings(policy)
+            result = self._call(bound, policy, bindings["object"])
+            if not isinstance(result, (list, tuple)) or not all(isinstance(f, (str, Failure)) for f in result):
+                self._result(bound.name, "error")
+                raise PluginCallError(bound.path, f"plugin {bound.name!r} returned {type(result).__name__}, "
+                                                  "not a list of failures (str or Failure)")
+        except PluginCallError as error:
+            if self.fail(policy, error):
+                record.failures.append(str(error))
+                record.reason = record.reason or "Forbidden"
+            return
+        self._result(bound.name, "failed" if result else "passed")
+        if result:
+            record.reason = record.reason or validation.spec.reason
+            record.failures.extend(str(failure) for failure in result)
+
     def validate(self, policy: CompiledPolicy) -> None:
         if not self.selected(policy):
             return
@@ -321,6 +414,9 @@ class _Run:
             return
         record = self.record(policy)
         for validation in policy.validations:
+            if validation.check is None:
+                self._plugin_validation(policy, validation)
+                continue
             try:
                 if scope.evaluate(validation.check):
                     continue
@@ -343,8 +439,8 @@ class _Run:
                     return
             except CelEvaluationError as error:
                 record.errors.append(str(error))
-        record.failures.append(validation.spec.message
-                               or f"failed expression: {validation.check.expression.source.strip()}")
+        source = validation.check.expression.source.strip() if validation.check is not None else validation.path
+        record.failures.append(validation.spec.message or f"failed expression: {source}")
 
     def scope(self, policy: CompiledPolicy) -> _Scope:
         return _Scope(self, policy)
@@ -420,9 +516,10 @@ class _Run:
             return Decision(allowed=False, code=REASON_CODES.get(reason, 500), reason=reason,
                             message="\n".join(denials), warnings=tuple(warnings), audit_annotations=audit,
                             patched_object=self.request.object, outcomes=tuple(outcomes),
-                            evaluations=self.evaluations)
+                            evaluations=self.evaluations, plugin_calls=tuple(self.plugin_calls))
         return Decision(allowed=True, warnings=tuple(warnings), audit_annotations=audit, patch=patch,
-                        patched_object=self.object, outcomes=tuple(outcomes), evaluations=self.evaluations)
+                        patched_object=self.object, outcomes=tuple(outcomes), evaluations=self.evaluations,
+                        plugin_calls=tuple(self.plugin_calls))
 
 
     def _workload(self) -> str:

@@ -1,0 +1,1 @@
+"""The plugins shipped in the package: ``image-references`` and ``tls-secrets``."""

@@ -1,0 +1,198 @@
+"""Python plugins: the rules CEL cannot express, used beside CEL in one policy.
+
+A policy names a plugin where it would write CEL::
+
+    validations:
+      - plugin: {name: image-references, config: {requireDigest: true}}
+    mutations:
+      - plugin: {name: some-mutator, config: {...}}
+
+A plugin is a class (or an instance) registered under the entry point group
+``admission_policy.plugins``; it subclasses :class:`ValidatorPlugin` (returns failures) or
+:class:`MutatorPlugin` (returns a JSON patch or a new object), and declares its ``name``,
+``version``, ``config_schema`` (JSON Schema, checked when a policy is compiled, so a bad config is
+refused at ``kubectl apply`` naming the field) and the feature gate that switches it
+(``admission_policy.features``).
+
+The contract, because plugins run on the admission hot path:
+
+- **pure with respect to the request**: no I/O in ``validate``/``mutate``; what a plugin needs
+  comes in its config, the request, or a cache the plugin refreshes in the background, bounded;
+- **bounded**: each call is timed; one over ``time_budget`` seconds (or past the request's
+  deadline) is an evaluation error of the policy, and so is raising or returning anything but
+  what is documented here: the policy's ``failurePolicy`` decides, the server never crashes;
+- **read-only inputs**: ``PluginRequest`` values are the request's own objects. A mutator gets a
+  copy of the object it may change and return.
+
+Discovery (``discover``) loads every entry point once; one that fails to load is listed by
+``admission-policy plugins`` with its error and is otherwise absent. Plugins never import the
+operator.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import functools
+import importlib.metadata
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Final, Literal, TypeAlias
+
+import jsonschema
+
+ENTRY_POINT_GROUP: Final = "admission_policy.plugins"
+
+Stage: TypeAlias = Literal["Alpha", "Beta", "GA"]
+Kind: TypeAlias = Literal["validator", "mutator"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginRequest:
+    """What a plugin sees of one admission request (the same values CEL binds)."""
+    object: Any                          # None on DELETE
+    old_object: Any                      # None on CREATE
+    request: Mapping[str, Any]           # the AdmissionRequest, as CEL's ``request``
+    namespace_object: Mapping[str, Any] | None = None
+
+    @property
+    def operation(self) -> str:
+        return str(self.request.get("operation", ""))
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """One failed check: its message, and optionally the field it is about."""
+    message: str
+    field: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}" if self.field else self.message
+
+
+class ConfigError(ValueError):
+    """A config the plugin refuses (beyond its schema); ``path`` is relative to ``config``."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}" if path else message)
+        self.path = path
+        self.message = message
+
+
+class Plugin(abc.ABC):
+    """What every plugin declares. Subclass :class:`ValidatorPlugin` or :class:`MutatorPlugin`."""
+    kind: ClassVar[Kind]
+    name: ClassVar[str]                  # what policies write in ``plugin.name``
+    version: ClassVar[str] = "0"
+    description: ClassVar[str] = ""
+    config_schema: ClassVar[Mapping[str, Any]] = {"type": "object"}
+    # The feature gate switching the plugin (default: derived from the name, see gate_name) and
+    # its maturity: Alpha is off by default, Beta on, GA always on.
+    feature_gate: ClassVar[str | None] = None
+    stage: ClassVar[Stage] = "Alpha"
+    time_budget: ClassVar[float] = 0.05  # seconds per call; more is an evaluation error
+
+    def configure(self, config: Mapping[str, Any]) -> Any:
+        """Prepare a config that passed ``config_schema``, once per policy generation (compile
+        time, not per request). Raise ConfigError for what the schema cannot say. The result is
+        what ``validate``/``mutate`` receive as ``config``."""
+        return config
+
+    @classmethod
+    def gate_name(cls) -> str:
+        """``image-references`` → ``ImageReferencesPlugin``."""
+        words = cls.name.replace("_", "-").split("-")
+        return cls.feature_gate or "".join(word.capitalize() for word in words) + "Plugin"
+
+
+class ValidatorPlugin(Plugin):
+    kind: ClassVar[Kind] = "validator"
+
+    @abc.abstractmethod
+    def validate(self, config: Any, request: PluginRequest) -> Sequence[str | Failure]:
+        """Every failure of the request against this check; empty when it passes."""
+
+
+class MutatorPlugin(Plugin):
+    kind: ClassVar[Kind] = "mutator"
+
+    @abc.abstractmethod
+    def mutate(self, config: Any, request: PluginRequest) -> Sequence[Mapping[str, Any]] | Mapping[str, Any] | None:
+        """An RFC 6902 JSON patch (a list of operations) against ``request.object``, or the whole
+        new object (``request.object`` is a copy the plugin may change), or None for no change.
+        Mutations must be idempotent: the API server may call again."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Broken:
+    """An entry point that could not be loaded, with why."""
+    name: str
+    source: str
+    error: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Registry:
+    plugins: Mapping[str, Plugin]
+    sources: Mapping[str, str]           # name → "builtin" or the distribution that provides it
+    broken: tuple[Broken, ...] = ()
+
+    def get(self, name: str) -> Plugin | None:
+        return self.plugins.get(name)
+
+
+def check_config(plugin: Plugin, config: Any) -> tuple[Any, list[tuple[str, str]]]:
+    """The prepared config, or the errors as (path relative to the config, message)."""
+    validator = jsonschema.Draft202012Validator(plugin.config_schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        return None, [(_pointer(error.absolute_path), error.message) for error in errors]
+    try:
+        return plugin.configure(config), []
+    except ConfigError as error:
+        return None, [(error.path, error.message)]
+    except Exception as exc:   # a plugin's defect: still a message, never a crash
+        return None, [("", f"plugin {plugin.name!r} failed to read its config: {type(exc).__name__}: {exc}")]
+
+
+def _pointer(path: Sequence[Any]) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+
+
+def builtin() -> list[Plugin]:
+    from .builtin_plugins import images, tls  # the plugins shipped in the package
+    return [images.ImageReferences(), tls.TLSSecrets()]
+
+
+def discover(group: str = ENTRY_POINT_GROUP) -> Registry:
+    """The builtin plugins and every entry point of ``group`` (a class or an instance)."""
+    plugins: dict[str, Plugin] = {}
+    sources: dict[str, str] = {}
+    broken: list[Broken] = []
+    for plugin in builtin():
+        plugins[plugin.name], sources[plugin.name] = plugin, "builtin"
+    for entry in importlib.metadata.entry_points(group=group):
+        source = entry.dist.name if entry.dist is not None else entry.value
+        if sources.get(entry.name) == "builtin" and entry.value.startswith("admission_policy."):
+            continue   # this package's own entry points name the builtins
+        try:
+            loaded = entry.load()
+            plugin = loaded() if isinstance(loaded, type) else loaded
+            if not isinstance(plugin, (ValidatorPlugin, MutatorPlugin)):
+                raise TypeError(f"{entry.value} is not a ValidatorPlugin or MutatorPlugin")
+            if not isinstance(getattr(plugin, "name", None), str) or not plugin.name:
+                raise TypeError(f"{entry.value} has no name")
+            jsonschema.Draft202012Validator.check_schema(plugin.config_schema)
+        except Exception as exc:
+            broken.append(Broken(entry.name, source, f"{type(exc).__name__}: {exc}"))
+            continue
+        if plugin.name in plugins:
+            broken.append(Broken(entry.name, source, f"plugin name {plugin.name!r} is already provided by "
+                                                     f"{sources[plugin.name]}"))
+            continue
+        plugins[plugin.name], sources[plugin.name] = plugin, source
+    return Registry(plugins, sources, tuple(broken))
+
+
+@functools.cache
+def registry() -> Registry:
+    """The process's plugins, discovered once."""
+    return discover()
