@@ -571,7 +571,8 @@ def test_every_example_policy_with_validations_runs_as_one_program() -> None:
     from admission_policy.cli.documents import load_policies
 
     examples = Path(__file__).parents[2] / "examples"
-    policies = [p for p in load_policies([examples]) if p.validations]
+    # Plugins run one at a time, in order with the CEL ones: no batch for a policy using one.
+    policies = [p for p in load_policies([examples]) if p.validations and not any(p.plugins())]
     assert len(policies) >= 10
     assert [p.name for p in policies if p.validation_batch is None] == []
 

@@ -1,0 +1,251 @@
+"""Plugins: the API, discovery through entry points, compile-time checks, bounded evaluation,
+feature gates, and the two shipped plugins."""
+from __future__ import annotations
+
+import hashlib
+import pathlib
+import shutil
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+import pytest
+
+from admission_policy import api, features, plugins
+from admission_policy.api import PolicyError, parse_policy
+from admission_policy.builtin_plugins.images import parse_reference
+from admission_policy.engine import PolicySet, compile_policy, evaluate, parse_review
+from admission_policy.engine.compiler import PolicyCompileError
+from admission_policy.plugins import Failure, MutatorPlugin, PluginRequest, ValidatorPlugin
+
+PACKAGE = pathlib.Path(__file__).parents[1] / "plugin_package"
+POD_RULE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE", "UPDATE"]}
+DIGEST = "sha256:" + "a" * 64
+
+
+def body(*, validations: list[Any] | None = None, mutations: list[Any] | None = None,
+         failure_policy: str = "Fail") -> dict[str, Any]:
+    spec: dict[str, Any] = {"match": {"resources": [POD_RULE]}, "failurePolicy": failure_policy}
+    if validations:
+        spec["validations"] = validations
+    if mutations:
+        spec["mutations"] = mutations
+    return {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "p"}, "spec": spec}
+
+
+def pod(*images: str, **metadata: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "default", **metadata},
+            "spec": {"containers": [{"name": f"c{i}", "image": image} for i, image in enumerate(images)]}}
+
+
+def decide(compiled: Any, obj: Any) -> Any:
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
+        "namespace": "default", "name": "web", "object": obj, "oldObject": None,
+        "userInfo": {"username": "alice"}}}
+    return evaluate(PolicySet([compiled]), parse_review(review))
+
+
+class Raises(ValidatorPlugin):
+    name: ClassVar[str] = "raises"
+    stage: ClassVar[plugins.Stage] = "Beta"
+
+    def validate(self, config: Any, request: PluginRequest) -> Sequence[str]:
+        raise RuntimeError("boom")
+
+
+class Garbage(ValidatorPlugin):
+    name: ClassVar[str] = "garbage"
+    stage: ClassVar[plugins.Stage] = "Beta"
+
+    def validate(self, config: Any, request: PluginRequest) -> Any:
+        return 42
+
+
+class Slow(ValidatorPlugin):
+    name: ClassVar[str] = "slow"
+    stage: ClassVar[plugins.Stage] = "Beta"
+    time_budget: ClassVar[float] = 0.001
+
+    def validate(self, config: Any, request: PluginRequest) -> Sequence[str]:
+        time.sleep(0.01)
+        return []
+
+
+class AddLabel(MutatorPlugin):
+    name: ClassVar[str] = "add-label"
+    stage: ClassVar[plugins.Stage] = "Alpha"
+    config_schema: ClassVar[Mapping[str, Any]] = {"type": "object", "required": ["value"],
+                                                   "properties": {"value": {"type": "string"}}}
+
+    def mutate(self, config: Any, request: PluginRequest) -> Any:
+        return [{"op": "add", "path": "/metadata/labels", "value": {"from-plugin": config["value"]}}]
+
+
+@pytest.fixture
+def registry() -> plugins.Registry:
+    found = plugins.discover(group="admission_policy.plugins.none")
+    extra = {p.name: p for p in (Raises(), Garbage(), Slow(), AddLabel())}
+    return plugins.Registry({**found.plugins, **extra}, {**found.sources, **dict.fromkeys(extra, "test")})
+
+
+def compiled(registry: plugins.Registry, gates: str = "", **kwargs: Any) -> Any:
+    return compile_policy(parse_policy(body(**kwargs)), registry=registry,
+                          gates=features.parse(gates, registry))
+
+
+# --- API -------------------------------------------------------------------------------------
+
+def test_a_validation_is_cel_or_a_plugin_not_both() -> None:
+    with pytest.raises(PolicyError, match=r"spec.validations\[0\]: needs exactly one of expression or plugin"):
+        parse_policy(body(validations=[{"expression": "true", "plugin": {"name": "x"}}]))
+    with pytest.raises(PolicyError, match=r"spec.mutations\[0\].plugin.bogus: unknown field"):
+        parse_policy(body(mutations=[{"plugin": {"name": "x", "bogus": 1}}]))
+
+
+def test_an_unknown_plugin_or_a_bad_config_is_a_compile_error_naming_the_field(registry: plugins.Registry) -> None:
+    with pytest.raises(PolicyCompileError, match=r"spec.validations\[1\].plugin.name: no plugin named 'nope'"):
+        compiled(registry, validations=[{"expression": "true"}, {"plugin": {"name": "nope"}}])
+    with pytest.raises(PolicyCompileError) as caught:
+        compiled(registry, validations=[{"plugin": {"name": "image-references",
+                                                    "config": {"requireDigest": "yes"}}}])
+    assert "spec.validations[0].plugin.config.requireDigest: 'yes' is not of type 'boolean'" in str(caught.value)
+    with pytest.raises(PolicyCompileError, match=r"plugin.config.allowedRegistries\[1\]: 'bad host!'"):
+        compiled(registry, validations=[{"plugin": {"name": "image-references", "config": {
+            "allowedRegistries": ["ok.io", "bad host!/x"]}}}])
+    with pytest.raises(PolicyCompileError, match="is a mutator, not a validator"):
+        compiled(registry, validations=[{"plugin": {"name": "add-label", "config": {"value": "x"}}}])
+
+
+# --- evaluation: plugins mix with CEL; their errors are the failurePolicy's ---------------------
+
+def test_cel_and_plugin_failures_are_reported_in_order(registry: plugins.Registry) -> None:
+    policy = compiled(registry, validations=[
+        {"expression": "object.metadata.name != 'web'", "message": "not web"},
+        {"plugin": {"name": "image-references", "config": {"requireDigest": True}}}])
+    decision = decide(policy, pod("nginx"))
+    assert not decision.allowed
+    assert "not web; spec.containers[0].image: nginx is not pinned by a digest" in decision.message
+    assert [(c.plugin, c.result) for c in decision.plugin_calls] == [("image-references", "failed")]
+    assert decide(policy, {**pod(f"nginx@{DIGEST}"), "metadata": {"name": "api"}}).allowed
+
+
+@pytest.mark.parametrize(("plugin", "text"), [
+    ("raises", "plugin 'raises' raised RuntimeError: boom"),
+    ("garbage", "plugin 'garbage' returned int, not a list of failures"),
+    ("slow", "plugin 'slow' took"),
+])
+def test_a_plugin_raising_returning_garbage_or_overrunning_is_an_evaluation_error(
+        registry: plugins.Registry, plugin: str, text: str) -> None:
+    failing = decide(compiled(registry, validations=[{"plugin": {"name": plugin}}]), pod("nginx"))
+    assert not failing.allowed and text in failing.message and "spec.validations[0].plugin" in failing.message
+    assert [c.result for c in failing.plugin_calls] == ["error"]
+    ignored = decide(compiled(registry, failure_policy="Ignore", validations=[{"plugin": {"name": plugin}}]),
+                     pod("nginx"))
+    assert ignored.allowed and text in ignored.outcomes[0].errors[0]
+
+
+def test_a_mutator_plugin_returns_a_json_patch(registry: plugins.Registry) -> None:
+    policy = compiled(registry, "AddLabelPlugin=true", mutations=[{"plugin": {"name": "add-label",
+                                                                             "config": {"value": "yes"}}}])
+    decision = decide(policy, pod("nginx"))
+    assert decision.allowed and decision.patched_object["metadata"]["labels"] == {"from-plugin": "yes"}
+
+
+# --- feature gates -----------------------------------------------------------------------------
+
+def test_gates_have_stage_defaults_and_parse_kubernetes_style(registry: plugins.Registry) -> None:
+    gates = features.parse("", registry)
+    assert gates.enabled("ImageReferencesPlugin") and gates.enabled("TLSSecretsPlugin")   # Beta
+    assert not gates.enabled("AddLabelPlugin")                                             # Alpha
+    gates = features.parse(["ImageReferencesPlugin=false", "AddLabelPlugin=true"], registry)
+    assert not gates.enabled("ImageReferencesPlugin") and gates.enabled("AddLabelPlugin")
+    with pytest.raises(features.FeatureGateError, match="unknown feature gate 'Nope'"):
+        features.parse("Nope=true", registry)
+    with pytest.raises(features.FeatureGateError, match="expected Name=true"):
+        features.parse("PythonPlugins", registry)
+
+
+def test_a_gated_off_plugin_is_skipped_and_reported(registry: plugins.Registry) -> None:
+    policy = compiled(registry, "ImageReferencesPlugin=false", validations=[
+        {"plugin": {"name": "image-references", "config": {"requireDigest": True}}}])
+    assert policy.gated_off == ("spec.validations[0].plugin: plugin 'image-references' is switched off by "
+                                "feature gate ImageReferencesPlugin=false; this rule is skipped",)
+    assert decide(policy, pod("nginx")).allowed
+    assert compiled(registry, "PythonPlugins=false", mutations=[
+        {"plugin": {"name": "add-label", "config": {"value": "x"}}}]).gated_off
+
+
+# --- discovery: a plugin from a separately installed package -----------------------------------
+
+@pytest.fixture
+def installed(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[pathlib.Path]:
+    """tests/plugin_package as pip would install it: the module and a dist-info with its entry points."""
+    shutil.copytree(PACKAGE / "src" / "acme_policy_plugins", tmp_path / "acme_policy_plugins")
+    info = tmp_path / "acme_policy_plugins-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-policy-plugins\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[admission_policy.plugins]\nlabel-checksum = acme_policy_plugins:LabelChecksum\n"
+        "broken = acme_policy_plugins:DoesNotExist\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+
+
+def test_a_plugin_from_an_installed_package_is_discovered_and_used(installed: pathlib.Path) -> None:
+    found = plugins.discover()
+    assert found.sources["label-checksum"] == "acme-policy-plugins"
+    assert found.sources["image-references"] == "builtin"
+    assert [b.name for b in found.broken] == ["broken"] and "DoesNotExist" in found.broken[0].error
+    spec = body(validations=[{"plugin": {"name": "label-checksum",
+                                         "config": {"label": "app", "annotation": "acme.com/sha"}}}])
+    off = compile_policy(parse_policy(spec), registry=found, gates=features.parse("", found))
+    assert off.gated_off   # Alpha: off by default
+    on = compile_policy(parse_policy(spec), registry=found,
+                        gates=features.parse("LabelChecksumPlugin=true", found))
+    bad = pod(f"nginx@{DIGEST}", labels={"app": "web"}, annotations={"acme.com/sha": "0"})
+    assert "must be the sha256 of label app" in decide(on, bad).message
+    good = pod(f"nginx@{DIGEST}", labels={"app": "web"},
+               annotations={"acme.com/sha": hashlib.sha256(b"web").hexdigest()})
+    assert decide(on, good).allowed
+
+
+def test_the_packages_own_test_passes(installed: pathlib.Path) -> None:
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("plugin_package_test", PACKAGE / "test_label_checksum.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.test_a_wrong_checksum_fails_and_a_right_one_passes()
+
+
+# --- the shipped plugins ------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "normalised"), [
+    ("nginx", "docker.io/library/nginx:latest"),
+    ("index.docker.io/bitnami/redis:7", "docker.io/bitnami/redis:7"),
+    ("localhost:5000/a/b:1", "localhost:5000/a/b:1"),
+    ("registry.acme.com:8443/x@" + DIGEST, "registry.acme.com:8443/x@" + DIGEST),
+    ("quay.io/x/y:1.2@" + DIGEST, "quay.io/x/y:1.2@" + DIGEST),
+])
+def test_image_references_are_normalised(text: str, normalised: str) -> None:
+    assert str(parse_reference(text)) == normalised
+
+
+@pytest.mark.parametrize("text", ["", "Nginx", "nginx:bad tag", "nginx@sha256:short", "a//b"])
+def test_invalid_image_references_are_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_reference(text)
+
+
+def test_allowlist_matches_hosts_and_whole_path_components(registry: plugins.Registry) -> None:
+    policy = compiled(registry, validations=[{"plugin": {"name": "image-references", "config": {
+        "allowedRegistries": ["docker.io/library", "registry.acme.com:8443"]}}}])
+    assert decide(policy, pod("nginx", "registry.acme.com:8443/x")).allowed
+    denied = decide(policy, pod("registry.acme.com/x", "docker.io/libraryx/y", "registry.acme.com.evil:8443/x"))
+    assert denied.message.count("is not from an allowed registry") == 3
+
+
+def test_failure_str() -> None:
+    assert str(Failure("bad", "spec.x")) == "spec.x: bad" and str(Failure("bad")) == "bad"
