@@ -249,3 +249,22 @@ def test_allowlist_matches_hosts_and_whole_path_components(registry: plugins.Reg
 
 def test_failure_str() -> None:
     assert str(Failure("bad", "spec.x")) == "spec.x: bad" and str(Failure("bad")) == "bad"
+
+
+def test_a_gated_off_plugin_makes_the_policy_degraded_and_says_why() -> None:
+    import datetime
+
+    from admission_policy.operator import conditions
+
+    plugins_condition = conditions.plugins_condition(("spec.validations[0].plugin: plugin 'x' is switched off",), 1)
+    compiled_ok = conditions.Condition(conditions.COMPILED, "True", "Compiled", "")
+    registered = conditions.Condition(conditions.REGISTERED, "True", "Registered", "")
+    observation = conditions.Observation(compiled_ok, registered, plugins=plugins_condition, reports_plugins=True)
+    assert observation.phase == "Degraded"
+    assert observation.ready.status == "False" and observation.ready.reason == conditions.GATED_OFF
+    patch = conditions.status_patch(None, observation, 1, datetime.datetime.now(datetime.UTC))
+    written = {c["type"]: c for c in patch["conditions"]}
+    assert written["PluginsEnabled"]["status"] == "False" and "--feature-gates" in written["PluginsEnabled"]["message"]
+    assert conditions.plugins_condition((), 0) is None
+    assert conditions.plugins_condition((), 2) == conditions.Condition(
+        "PluginsEnabled", "True", "Enabled", "2 plugin rule(s), all enabled")

@@ -37,6 +37,7 @@ def main() -> None:
       admission-policy test -p policy.yaml pod.yaml      show what the policies do to an object
       admission-policy review -p policy.yaml review.json print the webhook's AdmissionReview response
       admission-policy lint policies/                    compile only, for CI (exit 2 on any error)
+      admission-policy plugins                           list installed plugins and feature gates
     Operator:
       admission-policy run                               run the operator (Kopf) with settings from flags/env
       admission-policy cleanup-webhooks                  delete its webhook configurations
@@ -262,6 +263,8 @@ _RUN_FLAGS: list[tuple[str, str, str]] = [
     ("--cert-lifetime", "AP_CERT_LIFETIME",
      "Validity of the serving certificate (30s..3650d; CA twice that), renewed with a third left. Default 365d."),
     ("--webhook-config-name", "AP_WEBHOOK_CONFIG_NAME", "Name of both webhook configurations."),
+    ("--feature-gates", "AP_FEATURE_GATES",
+     "Comma-separated Name=true|false; see `admission-policy plugins` for the gates and their defaults."),
 ]
 
 
@@ -307,6 +310,45 @@ def run(standalone: bool, **flags: str | None) -> None:
         kopf.run(clusterwide=True, standalone=standalone, liveness_endpoint=None)
     except ActivityError:
         raise SystemExit(1) from None
+
+
+@main.command("plugins")
+@click.option("--feature-gates", "feature_gates", envvar="AP_FEATURE_GATES", default="",
+              help="Name=true|false,... as the operator would be given them [env AP_FEATURE_GATES].")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def plugins_command(feature_gates: str, output: str) -> None:
+    """List the installed plugins (entry point group admission_policy.plugins), the ones that
+    failed to load, and every feature gate with its stage, default and state."""
+    from .. import features, plugins
+
+    found = plugins.registry()
+    try:
+        gates = features.parse(feature_gates, found)
+    except features.FeatureGateError as exc:
+        _fail(exc, output)
+    rows = [{"name": name, "kind": plugin.kind, "version": plugin.version, "source": found.sources[name],
+             "gate": plugin.gate_name(),
+             "enabled": gates.enabled(plugin.gate_name()) and gates.enabled("PythonPlugins"),
+             "description": plugin.description, "configSchema": dict(plugin.config_schema)}
+            for name, plugin in sorted(found.plugins.items())]
+    broken = [{"name": b.name, "source": b.source, "error": b.error} for b in found.broken]
+    gate_rows = [{"name": gate.name, "stage": gate.stage, "default": gate.default, "enabled": enabled}
+                 for gate, enabled in gates.items()]
+    if output == "json":
+        click.echo(dump_json({"plugins": rows, "broken": broken, "featureGates": gate_rows}))
+        return
+    click.echo("PLUGIN              KIND       VERSION  ENABLED  SOURCE")
+    for row in rows:
+        click.echo(f"{row['name']:<19} {row['kind']:<10} {row['version']:<8} {str(row['enabled']).lower():<8} "
+                   f"{row['source']}")
+        if row["description"]:
+            click.echo(f"    {row['description']}")
+    for item in broken:
+        click.echo(f"{item['name']:<19} (failed to load from {item['source']}: {item['error']})")
+    click.echo("\nFEATURE GATE             STAGE  DEFAULT  ENABLED")
+    for gate in gate_rows:
+        click.echo(f"{gate['name']:<24} {gate['stage']:<6} {str(gate['default']).lower():<8} "
+                   f"{str(gate['enabled']).lower()}")
 
 
 @main.command("cleanup-webhooks")

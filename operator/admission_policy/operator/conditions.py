@@ -19,6 +19,8 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 COMPILED: Final = "Compiled"
 REGISTERED: Final = "Registered"
 READY: Final = "Ready"
+PLUGINS_ENABLED: Final = "PluginsEnabled"
+GATED_OFF: Final = "FeatureGateDisabled"
 
 # Registered=False for this reason is the operator's own trouble (its webhook configurations were
 # deleted or edited and cannot be written back), retried by itself: Pending, not Degraded, which
@@ -44,11 +46,18 @@ class Observation:
     # observation rebuilt from the status alone (registration lost) leaves it as it is.
     pod_controllers: Mapping[str, Any] | None = None
     reports_pod_controllers: bool = False
+    # PluginsEnabled: False when a plugin the policy uses is switched off by a feature gate (its
+    # rules are skipped): Degraded, which the user fixes with --feature-gates. None: not observed
+    # (a status rebuilt from itself), the written condition stays.
+    plugins: Condition | None = None
+    reports_plugins: bool = False   # True: observed; a policy without plugins has no such condition
 
     @property
     def phase(self) -> Phase:
         if self.compiled.status == "False":
             return "Failed"
+        if self.plugins is not None and self.plugins.status == "False":
+            return "Degraded"
         if self.registered.status == "False" and self.registered.reason != REGISTRATION_LOST:
             return "Degraded"
         if self.compiled.status == "True" and self.registered.status == "True":
@@ -58,6 +67,8 @@ class Observation:
     @property
     def ready(self) -> Condition:
         if self.compiled.status == "True" and self.registered.status == "True":
+            if self.plugins is not None and self.plugins.status == "False":
+                return Condition(READY, "False", self.plugins.reason, self.plugins.message)
             return Condition(READY, "True", "Enforced", "the policy is enforced for every resource it matches")
         blocking = self.compiled if self.compiled.status != "True" else self.registered
         status: ConditionStatus = "Unknown" if blocking.status == "Unknown" else "False"
@@ -72,6 +83,18 @@ def from_status(status: Mapping[str, Any] | None, type_: str) -> Condition | Non
             return Condition(type_, state if state in ("True", "False") else "Unknown",
                              str(found.get("reason") or ""), str(found.get("message") or ""))
     return None
+
+
+def plugins_condition(gated_off: tuple[str, ...], used: int) -> Condition | None:
+    """PluginsEnabled, from what the compiler found switched off (``CompiledPolicy.gated_off``);
+    None for a policy that uses no plugin."""
+    if not used:
+        return None
+    if gated_off:
+        return Condition(PLUGINS_ENABLED, "False", GATED_OFF,
+                         "; ".join(gated_off) + " (enable it with --feature-gates or the chart's featureGates value)")
+    return Condition(PLUGINS_ENABLED, "True", "Enabled",
+                     f"{used} plugin rule(s), all enabled" if used else "the policy uses no plugin")
 
 
 def pending(reason: str = "Reconciling", message: str = "the operator is loading this generation") -> Observation:
@@ -89,6 +112,10 @@ def status_patch(
     previous = {c.get("type"): c for c in (old_status or {}).get("conditions") or [] if isinstance(c, Mapping)}
     conditions = [_condition(previous.get(c.type), c, generation, now)
                   for c in (observation.compiled, observation.registered, observation.ready)]
+    if observation.plugins is not None:
+        conditions.append(_condition(previous.get(PLUGINS_ENABLED), observation.plugins, generation, now))
+    elif PLUGINS_ENABLED in previous and not observation.reports_plugins:
+        conditions.append(dict(previous[PLUGINS_ENABLED]))
     patch: dict[str, Any] = {"phase": observation.phase, "observedGeneration": generation, "conditions": conditions}
     if observation.reports_pod_controllers:   # a merge patch: None removes what an older generation had
         patch["podControllers"] = dict(observation.pod_controllers) if observation.pod_controllers else None

@@ -24,7 +24,7 @@ from typing import Any
 import kopf
 from kubernetes_asyncio import client
 
-from .. import api
+from .. import api, features
 from ..engine import CompiledPolicy, Decision, Phase, PolicyCompileError, evaluate
 from . import certificates, conditions, events, metrics, registration, watcher
 from .decisions import DecisionLog
@@ -92,6 +92,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _operator
     config = OperatorSettings.from_env(os.environ)
     _configure_logging(config.log_level)
+    features.configure(features.parse(config.feature_gates))   # before any policy is compiled
 
     settings.admission.managed = None          # we write the configurations ourselves (DESIGN §5)
     # Kopf would post its own events about policies (a handler failed) into the operator's
@@ -205,7 +206,9 @@ async def observe(op: Operator, body: Mapping[str, Any], name: str, generation: 
     if compiled is None:
         return observation
     coverage = compiled.coverage.as_status() if compiled.coverage else None
-    return dataclasses.replace(observation, pod_controllers=coverage, reports_pod_controllers=True)
+    return dataclasses.replace(observation, pod_controllers=coverage, reports_pod_controllers=True,
+                               reports_plugins=True, plugins=conditions.plugins_condition(
+                                   compiled.gated_off, sum(1 for _ in compiled.plugins())))
 
 
 async def _observe(op: Operator, body: Mapping[str, Any], name: str, generation: int,

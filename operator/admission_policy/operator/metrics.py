@@ -9,8 +9,9 @@ from collections.abc import Callable, Iterator
 import aiohttp.web
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from .. import features, plugins
 from ..engine import Decision
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -34,6 +35,10 @@ class AdmissionStats:
         self.errors: defaultdict[str, int] = defaultdict(int)                      # policy
         self.latency: dict[str, list[int]] = {}                                    # webhook: count per bucket
         self.latency_sum: defaultdict[str, float] = defaultdict(float)
+        # Per plugin: calls by result (passed, failed, error, mutated, unchanged), latency buckets.
+        self.plugin_calls: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.plugin_latency: dict[str, list[int]] = {}
+        self.plugin_latency_sum: defaultdict[str, float] = defaultdict(float)
 
     def observe(self, decision: Decision, operation: str, webhook: str, seconds: float) -> None:
         counts = self.latency.get(webhook)
@@ -43,6 +48,13 @@ class AdmissionStats:
         self.latency_sum[webhook] += seconds
         if not decision.outcomes:
             self.requests[NO_POLICY, operation, "allowed"] += 1
+        for call in decision.plugin_calls:
+            self.plugin_calls[call.plugin, call.result] += 1
+            buckets = self.plugin_latency.get(call.plugin)
+            if buckets is None:
+                buckets = self.plugin_latency[call.plugin] = [0] * (len(BUCKETS) + 1)
+            buckets[bisect.bisect_left(BUCKETS, call.seconds)] += 1
+            self.plugin_latency_sum[call.plugin] += call.seconds
         for outcome in decision.outcomes:
             self.requests[outcome.policy, operation, outcome.result] += 1
             if outcome.errors:
@@ -63,7 +75,25 @@ class AdmissionStats:
                                      labels=["policy"])
         for policy, count in self.errors.items():
             errors.add_metric([policy], count)
-        return iter((requests, latency, errors))
+        calls = CounterMetricFamily("admission_policy_plugin_calls", "Plugin calls by plugin and result (passed, "
+                                    "failed, error, mutated, unchanged).", labels=["plugin", "result"])
+        for call_labels, count in self.plugin_calls.items():
+            calls.add_metric(list(call_labels), count)
+        plugin_latency = HistogramMetricFamily("admission_policy_plugin_seconds", "Time one plugin call takes.",
+                                               labels=["plugin"])
+        for plugin, counts in self.plugin_latency.items():
+            cumulative = zip(bounds, itertools.accumulate(counts), strict=True)
+            plugin_latency.add_metric([plugin], list(cumulative), self.plugin_latency_sum[plugin])
+        gates = GaugeMetricFamily("admission_policy_feature_gate", "1 when a feature gate is on, by gate and stage.",
+                                  labels=["name", "stage"])
+        for gate, enabled in features.current().items():
+            gates.add_metric([gate.name, gate.stage], 1 if enabled else 0)
+        installed = GaugeMetricFamily("admission_policy_plugin_info", "Installed plugins, by name, version and "
+                                      "source.", labels=["plugin", "version", "source"])
+        found = plugins.registry()
+        for name, installed_plugin in found.plugins.items():
+            installed.add_metric([name, installed_plugin.version, found.sources[name]], 1)
+        return iter((requests, latency, errors, calls, plugin_latency, gates, installed))
 
 
 STATS = AdmissionStats()

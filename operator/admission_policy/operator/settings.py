@@ -51,6 +51,7 @@ class OperatorSettings:
     webhook_config_name: str = "admission-policy-operator"
     pod_name: str = dataclasses.field(default_factory=socket.gethostname)
     peering_name: str = "admission-policy-operator"
+    feature_gates: str = ""   # Name=true,Other=false (admission_policy.features)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> OperatorSettings:
@@ -85,6 +86,7 @@ class OperatorSettings:
             webhook_config_name=_get(environ, "AP_WEBHOOK_CONFIG_NAME", d.webhook_config_name, _dns_subdomain),
             pod_name=_get(environ, "AP_POD_NAME", d.pod_name, _text),
             peering_name=_get(environ, "AP_PEERING_NAME", d.peering_name, _dns_subdomain),
+            feature_gates=_get(environ, "AP_FEATURE_GATES", d.feature_gates, _feature_gates),
         )
 
     @property
@@ -123,6 +125,15 @@ class OperatorSettings:
         """Every name the API server may use to reach the Service (all go in the serving cert)."""
         svc, ns = self.service_name, self.namespace
         return (svc, f"{svc}.{ns}", f"{svc}.{ns}.svc", f"{svc}.{ns}.svc.cluster.local")
+
+
+def _feature_gates(raw: str, name: str) -> str:
+    from .. import features
+    try:
+        features.parse(raw)
+    except features.FeatureGateError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    return raw
 
 
 def _get(environ: Mapping[str, str], name: str, default: _T, parse: Callable[[str, str], _T]) -> _T:
