@@ -40,8 +40,9 @@ How a case becomes a request (every one is a dry run: nothing changes, so a retr
 - ``dryRun: true``: every replay is a dry run (``dryRun=All``), so the webhook always sees
   ``dryRun: true``; no example's policy reads ``request.dryRun``.
 - Objects go to fresh namespaces, Nodes get unique names; images become a tiny one and Deployments
-  are paused (as ``example_object`` does), except for ``allowed-registries``, whose policy judges
-  the images themselves (admission never pulls them; with no kubelet, pods never run).
+  are paused (as ``example_object`` does), except for ``allowed-registries`` and ``image-references``,
+  whose policies judge the images themselves (admission never pulls them; with no kubelet, pods
+  never run).
 
 One test per case, so a failure names the example and the case. An example is set up once, on its
 first case: its stored objects, the baselines, then its policies, Active; the API server may route
@@ -89,8 +90,8 @@ pytestmark = pytest.mark.e2e
 
 Json = dict[str, Any]
 
-# The policy of this example judges container images: its objects keep theirs.
-KEEP_IMAGES = frozenset({"allowed-registries"})
+# The policies of these examples judge container images: their objects keep theirs.
+KEEP_IMAGES = frozenset({"allowed-registries", "image-references"})
 
 # A Scale (deployments/scale) belongs to a Deployment: the one stored for the example's scale cases,
 # with spec.replicas taken from the case's old Scale.
