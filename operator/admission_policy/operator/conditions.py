@@ -92,7 +92,7 @@ def plugins_condition(gated_off: tuple[str, ...], used: int) -> Condition | None
         return None
     if gated_off:
         return Condition(PLUGINS_ENABLED, "False", GATED_OFF,
-                         "; ".join(gated_off) + " (enable it with --feature-gates or the chart's featureGates value)")
+                         "; ".join(gated_off) + " (enable it with --feature-gates or AP_FEATURE_GATES)")
     return Condition(PLUGINS_ENABLED, "True", "Enabled",
                      f"{used} plugin rule(s), all enabled" if used else "the policy uses no plugin")
 
