@@ -185,6 +185,36 @@ def scale(generated: int, seconds: float) -> dict[str, Any]:
     }
 
 
+def image_rule(kind: str) -> dict[str, Any]:
+    """One more policy on the PSS Pod's images, admitting it: the shipped plugin, or the nearest CEL."""
+    body = policies.example("image-references")
+    body["metadata"]["name"] = f"images-{kind}"
+    if kind == "plugin":
+        body["spec"]["validations"] = [{"plugin": {"name": "image-references", "config": {
+            "requireDigest": False, "allowedRegistries": ["docker.io/nginxinc"]}}}]
+    else:   # a prefix check: what CEL can say, wrong for "docker.io/nginxinc/..." or a look-alike host
+        body["spec"]["validations"] = [{"expression": "object.spec.containers.all(c, "
+                                                      "c.image.startsWith('nginxinc/'))"}]
+    return body
+
+
+def plugin_cost(seconds: float) -> dict[str, Any]:
+    """The PSS Pod with the image-references plugin beside the Pod Security set, next to CEL only."""
+    pss = compile_all(policies.example_set("pss"))
+    request = parse_review(reviews.pss_pod_create())
+    result: dict[str, Any] = {}
+    for case, extra in (("cel_only", []), ("cel_image_rule", [image_rule("cel")]),
+                        ("image_plugin", [image_rule("plugin")])):
+        policy_set = PolicySet(pss + compile_all(extra))
+        decision = evaluate(policy_set, request, NAMESPACE, Phase.VALIDATE)
+        assert decision.allowed, f"{case}: the PSS Pod must be admitted, got {decision}"
+        result[f"{case}_us"] = round(per_call_us(
+            lambda s=policy_set: evaluate(s, request, NAMESPACE, Phase.VALIDATE), seconds), 2)
+        if decision.plugin_calls:
+            result["plugin_call_us"] = round(sum(c.seconds for c in decision.plugin_calls) * 1e6, 2)
+    return result
+
+
 def import_footprint() -> dict[str, float]:
     """RSS (MB) of a fresh interpreter after each import: what a server pays before any policy.
 
@@ -220,6 +250,7 @@ def main() -> None:
         pss_deployment=deployment_review,
         pss_denied=breakdown(pss, reviews.pod_create(restricted=False), Phase.VALIDATE, args.seconds),
         mutation=breakdown(mutation, reviews.sidecar_pod_create(), Phase.MUTATE, args.seconds),
+        plugin=plugin_cost(args.seconds),
         scale=scale(args.generated, args.seconds),
         import_rss_mb=import_footprint(),
     )

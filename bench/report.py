@@ -111,6 +111,12 @@ def print_engine(engine: dict[str, Any]) -> None:
     pod, deployment = engine["pss"]["evaluate_us"], engine["pss_deployment"]["evaluate_us"]
     print(f"   Pod Security on a Deployment's Pod template (issue 17): {deployment:.1f} us per CREATE, "
           f"next to {pod:.1f} us for the Pod itself ({deployment / pod:.2f}x)", flush=True)
+    plugin = engine["plugin"]
+    with_plugin, cel_only, cel_rule = plugin["image_plugin_us"], plugin["cel_only_us"], plugin["cel_image_rule_us"]
+    print(f"   PSS Pod with the image-references plugin (issue 16): {with_plugin:.1f} us, next to {cel_only:.1f} us"
+          f" for the CEL-only PSS set ({with_plugin / cel_only:.2f}x) and {cel_rule:.1f} us with a CEL prefix check"
+          f" on images instead ({with_plugin / cel_rule:.2f}x); plugin call {plugin['plugin_call_us']:.1f} us",
+          flush=True)
     scale = engine["scale"]
     print(f"   {scale['generated']} generated policies: compile {scale['compile_ms_per_policy']} ms each,"
           f" {scale['rss_mb_per_100_policies']} MB per 100; candidates() {scale['candidates_us_pss_only']} ->"

@@ -28,6 +28,7 @@ SCENARIOS: dict[str, tuple[dict[str, Any], str]] = {
         {
             "replicaCount": 3,
             "logLevel": "DEBUG",
+            "featureGates": {"TLSSecretsPlugin": False, "ImageReferencesPlugin": True},
             "defaultFailurePolicy": "Ignore",
             "webhookTimeoutSeconds": 10,
             "webhook": {"port": 10443, "configName": "guardrails", "certSecretName": "guardrails-tls"},

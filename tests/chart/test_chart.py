@@ -15,6 +15,8 @@ import pytest
 import yaml
 from chart_render import CHART_DIR, NAMESPACE, RELEASE, ROOT, SCENARIOS, crd_documents, render
 
+from admission_policy import features
+
 ROOT_CRD = ROOT / "crds" / "admissionpolicy.yaml"
 
 # The Kubernetes versions the chart is validated against: the oldest it claims (Chart.yaml
@@ -308,6 +310,14 @@ def test_uninstall_hook_deletes_exactly_the_webhook_configurations(chart: helm.C
     assert not labels_match(webhook_service(docs)["spec"]["selector"], job_pod_labels)
 
 
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_feature_gates_reach_the_operator_as_it_parses_them(chart: helm.Chart, scenario: str) -> None:
+    values, namespace = SCENARIOS[scenario]
+    text = env_of(operator_container(render(chart, values, namespace)))["AP_FEATURE_GATES"]
+    gates = features.parse(text)   # what the operator does at startup: an unknown gate would stop it
+    assert dict(gates.overrides) == values.get("featureGates", {})
+
+
 def test_operator_and_its_namespace_are_exempt_from_its_own_webhooks(chart: helm.Chart) -> None:
     values, namespace = SCENARIOS["custom-exempt"]
     docs = render(chart, values, namespace)
@@ -404,6 +414,7 @@ EXPECTED_ENV = {
     "AP_METRICS_PORT",
     "AP_HEALTH_PORT",
     "AP_LOG_LEVEL",
+    "AP_FEATURE_GATES",
     "AP_CERT_SECRET",
     "AP_CERT_DIR",
     "AP_WEBHOOK_CONFIG_NAME",
@@ -553,6 +564,8 @@ def test_custom_namespace_everywhere(chart: helm.Chart) -> None:
         ({"exemptNamespaces": "kube-system"}, r"/exemptNamespaces.*got string, want array"),
         ({"exemptNamespaces": ["Kube_System"]}, r"/exemptNamespaces/0"),
         ({"metrics": {"enabled": "no"}}, r"/metrics/enabled.*got string, want boolean"),
+        ({"featureGates": {"TLSSecretsPlugin": "off"}}, r"/featureGates/TLSSecretsPlugin.*got string, want boolean"),
+        ({"featureGates": ["TLSSecretsPlugin=false"]}, r"/featureGates.*got array, want object"),
         ({"replicas": 2}, r"additional properties 'replicas' not allowed"),
         ({"podAntiAffinity": "sometimes"}, r"/podAntiAffinity"),
         ({"networkPolicy": {"webhookFrom": ["10.0.0.0/8"]}}, r"/networkPolicy/webhookFrom/0.*got string, want object"),

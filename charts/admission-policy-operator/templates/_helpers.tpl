@@ -108,6 +108,15 @@ AdmissionPolicies: named after the release namespace too, so that releases never
 {{- end }}
 {{- end }}
 
+{{/* featureGates {Name: bool} as the operator's --feature-gates text, Name=true,Other=false (sorted). */}}
+{{- define "apo.featureGates" -}}
+{{- $gates := list }}
+{{- range $name, $enabled := .Values.featureGates }}
+{{- $gates = append $gates (printf "%s=%t" $name $enabled) }}
+{{- end }}
+{{- join "," $gates }}
+{{- end }}
+
 {{/* Values the schema cannot express. */}}
 {{- define "apo.validate" -}}
 {{- $ports := list (int .Values.webhook.port) (int .Values.health.port) }}

@@ -91,10 +91,9 @@ def plugins_condition(gated_off: tuple[str, ...], used: int) -> Condition | None
     if not used:
         return None
     if gated_off:
-        return Condition(PLUGINS_ENABLED, "False", GATED_OFF,
-                         "; ".join(gated_off) + " (enable it with --feature-gates or AP_FEATURE_GATES)")
-    return Condition(PLUGINS_ENABLED, "True", "Enabled",
-                     f"{used} plugin rule(s), all enabled" if used else "the policy uses no plugin")
+        return Condition(PLUGINS_ENABLED, "False", GATED_OFF, "; ".join(gated_off) + " (enable it with "
+                         "--feature-gates, AP_FEATURE_GATES or the chart's featureGates value)")
+    return Condition(PLUGINS_ENABLED, "True", "Enabled", f"{used} plugin rule(s), all enabled")
 
 
 def pending(reason: str = "Reconciling", message: str = "the operator is loading this generation") -> Observation:
