@@ -103,7 +103,7 @@ def _overload(name: str, result: cel.Type, params: list[cel.Type], impl: Any, me
 
 def _kubernetes_library() -> cel.CelExtension:
     """Kubernetes' quantity helpers, with quantities as doubles (see ``quantity``), and its lists
-    library's ``sum()``: totals over a context list (replicas × requests) have no other spelling."""
+    library's ``sum()``: totals over a context list (replicas x requests) have no other spelling."""
     d, s, b, i = cel.Type.DOUBLE, cel.Type.STRING, cel.Type.BOOL, cel.Type.INT
     return cel.CelExtension("kubernetes", [
         _overload("quantity", d, [s], _quantity),

@@ -1,3 +1,4 @@
+# ruff: noqa: RUF001, RUF003  (the policy's messages say "3 × 500m", and so do these assertions)
 """Params and context on a real API server: examples/deployment-quota, and a cache that falls behind.
 
 The quota policy reads the namespace's ConfigMap ``deployment-quota`` as ``params`` and the

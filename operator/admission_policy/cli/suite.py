@@ -119,7 +119,7 @@ def _run_case(policies: PolicySet, case: Mapping[str, Any], name: str, base: Pat
 def _inputs(case: Mapping[str, Any], suite: Mapping[str, Any], base: Path, where: str) -> StaticInputs:
     """The case's params and context objects (files or inline), else the suite's: what the cluster
     would hold. ``params`` is a list of objects; ``context`` maps each entry name to a list."""
-    params_field = "params" in case and case or suite
+    params_field = ("params" in case and case) or suite
     params_where = where if "params" in case else "the suite"
     raw_params = params_field.get("params") or []
     if not isinstance(raw_params, list):

@@ -23,8 +23,8 @@ from .. import celcost
 from ..api import REASON_CODES, LabelSelector, non_finite
 from ..cel import POLICY_BUDGET, CelEvaluationError, CompiledExpression, new_activation
 from ..plugins import Failure, PluginRequest
-from .inputs import Inputs, InputError, NoInputs, context_lists, describe, select_params
 from .compiler import BoundPlugin, CompiledMutation, CompiledPatchOperation, CompiledPolicy, CompiledValidation
+from .inputs import InputError, Inputs, NoInputs, context_lists, describe, select_params
 from .patching import PatchError, apply_operation, diff, json_equal, merge
 from .podcontrollers import BY_RESOURCE, pod_view, template_of
 from .policyset import PolicySet

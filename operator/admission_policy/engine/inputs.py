@@ -108,8 +108,9 @@ def select_params(policy: api.AdmissionPolicy, request: AdmissionRequest,
     assert kind is not None and ref is not None
     namespace = param_namespace(ref, request)
     listing = inputs.params(kind, namespace)
+    matching = api.selector_text(ref.selector or api.LabelSelector()) or "everything"
     wanted = f"{kind.kind} {f'{namespace}/' if namespace else ''}" + (
-        ref.name if ref.name is not None else f"objects matching {api.selector_text(ref.selector or api.LabelSelector()) or 'everything'}")
+        ref.name if ref.name is not None else f"objects matching {matching}")
     if listing.problem:
         raise InputError(f"param {wanted} cannot be read: {listing.problem}")
     if ref.name is not None:
