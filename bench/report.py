@@ -111,6 +111,9 @@ def print_engine(engine: dict[str, Any]) -> None:
     pod, deployment = engine["pss"]["evaluate_us"], engine["pss_deployment"]["evaluate_us"]
     print(f"   Pod Security on a Deployment's Pod template (issue 17): {deployment:.1f} us per CREATE, "
           f"next to {pod:.1f} us for the Pod itself ({deployment / pod:.2f}x)", flush=True)
+    quota = engine["context_5000"]["evaluate_us"]
+    print(f"   a policy reading a context of {engine['context_5000']['objects']:,} Deployments (issue 15): "
+          f"{quota:.1f} us per CREATE, next to {pod:.1f} us for the PSS Pod CREATE ({quota / pod:.1f}x)", flush=True)
     scale = engine["scale"]
     print(f"   {scale['generated']} generated policies: compile {scale['compile_ms_per_policy']} ms each,"
           f" {scale['rss_mb_per_100_policies']} MB per 100; candidates() {scale['candidates_us_pss_only']} ->"
