@@ -32,6 +32,13 @@ OPERATIONS: Final = ("CREATE", "UPDATE", "DELETE", "CONNECT", "*")
 PATCH_OPS: Final = ("add", "remove", "replace", "copy", "move", "test")
 SELECTOR_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist")
 # The workloads whose Pod templates a Pod policy also judges (engine/podcontrollers.py).
+PARAMETER_NOT_FOUND_ACTIONS: Final = ("Allow", "Deny")
+CONTEXT_SCOPES: Final = ("All", "RequestNamespace")
+# Objects one context may hold: its declared maxObjects, by default DEFAULT_MAX_OBJECTS. CEL runs at
+# most 10,000 loop steps per evaluation (celcost.ITERATION_LIMIT), so a longer list could not be
+# read whole; the cap also bounds the compile-time cost estimate (see ``celcost``).
+DEFAULT_MAX_OBJECTS: Final = 1_000
+MAX_OBJECTS_LIMIT: Final = 10_000
 POD_CONTROLLERS: Final = ("Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "Job", "CronJob",
                           "ReplicationController")
 
@@ -47,9 +54,16 @@ REASON_CODES: Final[Mapping[str, int]] = {
 ACCEPTED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "": frozenset({"apiVersion", "kind", "metadata", "spec", "status"}),
     "spec": frozenset({
-        "description", "enforcement", "failurePolicy", "match", "podControllers", "variables", "validations",
-        "mutations",
+        "description", "enforcement", "failurePolicy", "match", "podControllers", "paramKind", "paramRef",
+        "context", "variables", "validations", "mutations",
     }),
+    "spec.paramKind": frozenset({"apiVersion", "kind"}),
+    "spec.paramRef": frozenset({"name", "namespace", "selector", "parameterNotFoundAction"}),
+    "spec.paramRef.selector": frozenset({"matchLabels", "matchExpressions"}),
+    "spec.paramRef.selector.matchExpressions[]": frozenset({"key", "operator", "values"}),
+    "spec.context[]": frozenset({"name", "group", "version", "resource", "scope", "labelSelector", "maxObjects"}),
+    "spec.context[].labelSelector": frozenset({"matchLabels", "matchExpressions"}),
+    "spec.context[].labelSelector.matchExpressions[]": frozenset({"key", "operator", "values"}),
     "spec.match": frozenset({
         "resources", "namespaceSelector", "objectSelector", "excludeNamespaces", "conditions",
     }),
@@ -199,6 +213,64 @@ class Mutation:
 
 
 @dataclasses.dataclass(frozen=True)
+class ParamKind:
+    """The kind of the objects a policy reads as ``params`` (ValidatingAdmissionPolicy's paramKind)."""
+    api_version: str   # "v1", "example.com/v1"
+    kind: str
+
+    @property
+    def group(self) -> str:
+        return self.api_version.rpartition("/")[0]
+
+    @property
+    def version(self) -> str:
+        return self.api_version.rpartition("/")[2]
+
+    def __str__(self) -> str:
+        return f"{self.kind}.{self.api_version}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamRef:
+    """Which objects of ``paramKind`` a request is judged with: one by ``name`` or all matching
+    ``selector``, in ``namespace`` (unset: the request's own, for a namespaced kind). One
+    evaluation per object found; none found: ``Allow`` skips the policy, ``Deny`` is an error that
+    ``failurePolicy`` answers."""
+    name: str | None
+    selector: LabelSelector | None
+    namespace: str | None
+    not_found_action: Literal["Allow", "Deny"] = "Deny"
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextSource:
+    """What a context entry watches; entries of every policy with equal sources share one cache."""
+    group: str
+    version: str
+    resource: str
+    label_selector: LabelSelector = LabelSelector()
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def __str__(self) -> str:
+        where = f"{self.resource}.{self.group}/{self.version}" if self.group else f"{self.resource}/{self.version}"
+        return where + (f" ({selector_text(self.label_selector)})" if not self.label_selector.is_empty else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextEntry:
+    """``context.<name>`` in CEL: the listed objects of ``source``, in the request's namespace
+    (``scope: RequestNamespace``) or everywhere (``All``), at most ``max_objects`` of them."""
+    name: str
+    source: ContextSource
+    scope: Literal["All", "RequestNamespace"]
+    max_objects: int
+    path: str   # "spec.context[0]"
+
+
+@dataclasses.dataclass(frozen=True)
 class AdmissionPolicy:
     name: str
     generation: int
@@ -212,6 +284,10 @@ class AdmissionPolicy:
     # For a policy matching pods: the workload kinds whose Pod templates it also judges.
     # None (unset): all of POD_CONTROLLERS; () opts out.
     pod_controllers: tuple[str, ...] | None = None
+    # Inputs from the cluster (the operator's watch-backed caches; files, offline).
+    param_kind: ParamKind | None = None
+    param_ref: ParamRef | None = None
+    context: tuple[ContextEntry, ...] = ()
 
     def expressions(self) -> list[Expression]:
         """Every CEL expression of the policy, in field order."""
@@ -284,7 +360,14 @@ def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionP
         for i, kind in enumerate(pod_controllers):
             _enum(kind, f"spec.podControllers[{i}]", POD_CONTROLLERS)
         _check_unique(pod_controllers, "spec.podControllers", "kind", named=False)
+    param_kind, param_ref = _parse_params(spec)
+    context = tuple(_parse_context(item, f"spec.context[{i}]")
+                    for i, item in enumerate(_list(spec.get("context", []), "spec.context")))
+    _check_unique([c.name for c in context], "spec.context", "context")
     return AdmissionPolicy(
+        param_kind=param_kind,
+        param_ref=param_ref,
+        context=context,
         name=name,
         generation=generation,
         description=description,
@@ -338,11 +421,79 @@ def _parse_rule(value: Any, path: str) -> ResourceRule:
     return ResourceRule(fields["apiGroups"], fields["apiVersions"], fields["resources"], fields["operations"])
 
 
-def _parse_selector(value: Any, path: str) -> LabelSelector:
+def _parse_params(spec: Mapping[str, Any]) -> tuple[ParamKind | None, ParamRef | None]:
+    """paramKind and paramRef: both or neither, as in a ValidatingAdmissionPolicy and its binding."""
+    if spec.get("paramKind") is None and spec.get("paramRef") is None:
+        return None, None
+    if spec.get("paramKind") is None:
+        raise PolicyError("spec.paramKind", "is required with spec.paramRef (which kind of object to read)")
+    if spec.get("paramRef") is None:
+        raise PolicyError("spec.paramRef", "is required with spec.paramKind (which objects of that kind to read)")
+    raw = _mapping(spec["paramKind"], "spec.paramKind")
+    _check_fields(raw, "spec.paramKind", "spec.paramKind")
+    api_version = _string(raw.get("apiVersion"), "spec.paramKind.apiVersion")
+    if not api_version or api_version.count("/") > 1 or api_version.endswith("/") or api_version.startswith("/"):
+        raise PolicyError("spec.paramKind.apiVersion", f"{api_version!r} is not an apiVersion (\"v1\", \"group/v1\")")
+    kind = _string(raw.get("kind"), "spec.paramKind.kind")
+    if not kind:
+        raise PolicyError("spec.paramKind.kind", "must not be empty")
+    ref = _mapping(spec["paramRef"], "spec.paramRef")
+    _check_fields(ref, "spec.paramRef", "spec.paramRef")
+    name = _string(ref["name"], "spec.paramRef.name") if ref.get("name") is not None else None
+    selector = None
+    if ref.get("selector") is not None:
+        selector = _parse_selector(ref["selector"], "spec.paramRef.selector")
+    if (name is None) == (selector is None):
+        raise PolicyError("spec.paramRef", "needs exactly one of name or selector")
+    if name == "":
+        raise PolicyError("spec.paramRef.name", "must not be empty")
+    namespace = _string(ref["namespace"], "spec.paramRef.namespace") if ref.get("namespace") is not None else None
+    action = _enum(ref.get("parameterNotFoundAction", "Deny"), "spec.paramRef.parameterNotFoundAction",
+                   PARAMETER_NOT_FOUND_ACTIONS)
+    return ParamKind(api_version, kind), ParamRef(name, selector, namespace or None,
+                                                  cast(Literal["Allow", "Deny"], action))
+
+
+def _parse_context(value: Any, path: str) -> ContextEntry:
+    raw = _mapping(value, path)
+    _check_fields(raw, path, "spec.context[]")
+    name = _string(raw.get("name"), f"{path}.name")
+    if not name.isidentifier():
+        raise PolicyError(f"{path}.name", f"{name!r} must be a CEL identifier (letters, digits, _): "
+                                          "CEL reads it as context.<name>")
+    group = _string(raw.get("group", ""), f"{path}.group")
+    version = _string(raw.get("version"), f"{path}.version")
+    if not version:
+        raise PolicyError(f"{path}.version", "must not be empty")
+    resource = _string(raw.get("resource"), f"{path}.resource")
+    if not resource or "/" in resource or resource == "*":
+        raise PolicyError(f"{path}.resource", f"{resource!r} is not a resource: name one plural, e.g. \"deployments\"")
+    scope = _enum(raw.get("scope", "All"), f"{path}.scope", CONTEXT_SCOPES)
+    max_objects = raw.get("maxObjects", DEFAULT_MAX_OBJECTS)
+    if not isinstance(max_objects, int) or isinstance(max_objects, bool) or not 1 <= max_objects <= MAX_OBJECTS_LIMIT:
+        raise PolicyError(f"{path}.maxObjects", f"must be a whole number from 1 to {MAX_OBJECTS_LIMIT:,} "
+                                                f"(CEL's loop budget per evaluation), got {max_objects!r}")
+    selector = _parse_selector(raw.get("labelSelector"), f"{path}.labelSelector", "spec.context[].labelSelector")
+    return ContextEntry(name, ContextSource(group, version, resource, selector),
+                        cast(Literal["All", "RequestNamespace"], scope), max_objects, path)
+
+
+def selector_text(selector: LabelSelector) -> str:
+    """A selector as ``kubectl -l`` and the API's ``labelSelector`` parameter write it."""
+    parts = [f"{key}={value}" for key, value in selector.match_labels]
+    for req in selector.match_expressions:
+        values = ",".join(sorted(req.values))
+        parts.append({"In": f"{req.key} in ({values})", "NotIn": f"{req.key} notin ({values})",
+                      "Exists": req.key, "DoesNotExist": f"!{req.key}"}[req.operator])
+    return ",".join(parts)
+
+
+def _parse_selector(value: Any, path: str, schema_path: str | None = None) -> LabelSelector:
     if value is None:
         return LabelSelector()
+    schema_path = schema_path or path
     raw = _mapping(value, path)
-    _check_fields(raw, path, path)
+    _check_fields(raw, path, schema_path)
     labels = _mapping(raw.get("matchLabels", {}), f"{path}.matchLabels")
     for key, label in labels.items():
         if not isinstance(key, str):   # YAML reads `1: a` as a number
@@ -352,7 +503,7 @@ def _parse_selector(value: Any, path: str) -> LabelSelector:
     for i, item in enumerate(_list(raw.get("matchExpressions", []), f"{path}.matchExpressions")):
         item_path = f"{path}.matchExpressions[{i}]"
         req = _mapping(item, item_path)
-        _check_fields(req, item_path, f"{path}.matchExpressions[]")
+        _check_fields(req, item_path, f"{schema_path}.matchExpressions[]")
         key = _string(req.get("key"), f"{item_path}.key")
         operator = _enum(req.get("operator"), f"{item_path}.operator", SELECTOR_OPERATORS)
         values = _strings(req.get("values", []), f"{item_path}.values")

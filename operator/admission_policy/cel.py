@@ -23,7 +23,7 @@ from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 from . import celast, celcost, quantity
 from .api import Expression
 
-VARIABLES: Final = ("object", "oldObject", "request", "namespaceObject", "variables")
+VARIABLES: Final = ("object", "oldObject", "request", "namespaceObject", "params", "context", "variables")
 ResultKind = Literal["bool", "string", "any"]
 
 # Compile-time cost check: every expression's estimate (``celcost``, about Kubernetes' cost units)
@@ -85,6 +85,16 @@ def _as_integer(value: float) -> int:
     return int(value)
 
 
+def _sum(items: Any) -> int | float:
+    """Kubernetes' ``list.sum()`` over numbers: an int for ints, else a double (quantities are)."""
+    values = list(items)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        raise ValueError("sum() adds numbers only (convert quantities with quantity(), strings with int())")
+    if all(isinstance(v, int) for v in values):
+        return int(sum(values))
+    return float(sum(values))
+
+
 def _overload(name: str, result: cel.Type, params: list[cel.Type], impl: Any, member: bool = False) -> Any:
     return cel.FunctionDecl(name, [cel.Overload(
         f"{name}_{'_'.join(p.name().lower() for p in params)}",
@@ -92,7 +102,8 @@ def _overload(name: str, result: cel.Type, params: list[cel.Type], impl: Any, me
 
 
 def _kubernetes_library() -> cel.CelExtension:
-    """Kubernetes' quantity helpers, with quantities as doubles (see ``quantity``)."""
+    """Kubernetes' quantity helpers, with quantities as doubles (see ``quantity``), and its lists
+    library's ``sum()``: totals over a context list (replicas x requests) have no other spelling."""
     d, s, b, i = cel.Type.DOUBLE, cel.Type.STRING, cel.Type.BOOL, cel.Type.INT
     return cel.CelExtension("kubernetes", [
         _overload("quantity", d, [s], _quantity),
@@ -105,6 +116,7 @@ def _kubernetes_library() -> cel.CelExtension:
         _overload("sub", d, [d, d], lambda a, c: a - c, member=True),
         _overload("asApproximateFloat", d, [d], lambda a: a, member=True),
         _overload("asInteger", i, [d], _as_integer, member=True),
+        _overload("sum", cel.Type.DYN, [cel.Type.List(cel.Type.DYN)], _sum, member=True),
     ])
 
 
@@ -176,10 +188,10 @@ class CompiledExpression:
         """The checked syntax tree (rebuilt and cached by source, not held: see ``_tree``)."""
         return _tree(self.expression.source, self.tier)
 
-    def estimate(self, sizes: celcost.Sizes,
-                 variables: Mapping[str, celcost.Value] | None = None) -> tuple[float, celcost.Value]:
+    def estimate(self, sizes: celcost.Sizes, variables: Mapping[str, celcost.Value] | None = None,
+                 context: Mapping[str, int] | None = None) -> tuple[float, celcost.Value]:
         """(cost, result) for a request of at most ``sizes`` (``celcost``)."""
-        return celcost.estimate(_tree(self.expression.source, self.tier), sizes, variables)
+        return celcost.estimate(_tree(self.expression.source, self.tier), sizes, variables, context)
 
     def evaluate(self, activation: Any) -> Any:
         """The plain Python result, or CelEvaluationError; never another exception."""
@@ -218,10 +230,12 @@ _EXPECTED_TYPES: Final[Mapping[ResultKind, tuple[cel.Type, ...]]] = {
 
 def compile_expression(expression: Expression, kind: ResultKind = "any", *,
                        variables: Mapping[str, celcost.Value] | None = None,
+                       context: Mapping[str, int] | None = None,
                        budget: float = EXPRESSION_BUDGET) -> CompiledExpression:
     """Parse and type-check once; errors name the field path and the column.
 
     ``variables``: the estimated results of the policy variables it may read (see ``celcost``);
+    ``context``: the declared maxObjects of each ``context.<name>`` it may read;
     an expression whose estimated cost for a request of REFERENCE sizes is over ``budget`` is
     refused like one that does not compile.
     """
@@ -245,7 +259,7 @@ def compile_expression(expression: Expression, kind: ResultKind = "any", *,
         returned = program.return_type()
         if not any(returned == allowed for allowed in _EXPECTED_TYPES[kind]):
             raise CelCompileError(expression.path, f"must evaluate to a {kind}, but its type is {returned}")
-    cost, result = celcost.estimate(tree, REFERENCE, variables)
+    cost, result = celcost.estimate(tree, REFERENCE, variables, context)
     if cost > budget:
         raise CelCompileError(expression.path, over_budget(cost, budget))
     return CompiledExpression(expression, program, kind, referenced_variables(expression.source), tier,

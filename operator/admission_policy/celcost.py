@@ -78,20 +78,31 @@ class _Scope:
     partners: dict[tuple[str, str], Value] = dataclasses.field(default_factory=dict)
 
 
-def estimate(checked: Checked, sizes: Sizes, variables: Mapping[str, Value] | None = None) -> tuple[float, Value]:
+def estimate(checked: Checked, sizes: Sizes, variables: Mapping[str, Value] | None = None,
+             context: Mapping[str, int] | None = None) -> tuple[float, Value]:
     """(cost, result) of one evaluation against a request of at most ``sizes``.
 
     ``variables``: what each policy variable's expression returns (its own estimate), for
     ``variables.<name>``; one not given is taken as large as the request.
+    ``context``: each context entry's declared maxObjects, for ``context.<name>``: a list of that
+    many objects, each as large as the request's (``params`` is one object of that size).
     """
     request = Value(sizes.size, min(sizes.size, sizes.items), True)
     names = {name: request for name in REQUEST_VARIABLES}
+    names["params"] = request
+    lists = {name: context_list(count, sizes) for name, count in (context or {}).items()}
+    names["context"] = Value(sum(v.size for v in lists.values()) + len(lists) + 1, len(lists), fields=lists)
     given = dict(variables or {})
     names["variables"] = Value(sum(v.size for v in given.values()) + len(given) + 1, len(given), fields=given)
     try:
         return _estimate(checked.root, _Scope(sizes, checked.overloads, names))
     except RecursionError:   # the parser nests 32 deep at most; a rewritten tree a little more
         return math.inf, Value(math.inf, math.inf)
+
+
+def context_list(count: int, sizes: Sizes) -> Value:
+    """A context entry's list: ``count`` objects at most, each at most as large as the request's."""
+    return Value(count * (sizes.size + 1) + 1, count, is_list=True)
 
 
 def _estimate(node: Expr, scope: _Scope) -> tuple[float, Value]:
@@ -357,6 +368,7 @@ _FUNCTIONS: Final[Mapping[str, _Rule]] = {
     "base64.encode": _base64,
     "base64.decode": _base64,
     "math.greatest": _of_list,
+    "sum": _of_list,
     "math.least": _of_list,
 }
 

@@ -17,7 +17,9 @@ refused at ``kubectl apply`` naming the field) and the feature gate that switche
 The contract, because plugins run on the admission hot path:
 
 - **pure with respect to the request**: no I/O in ``validate``/``mutate``; what a plugin needs
-  comes in its config, the request, or a cache the plugin refreshes in the background, bounded;
+  comes in its config, the request, the policy's ``params`` and ``context`` (watched by the
+  operator, from files offline: declare them in the policy), or a cache the plugin refreshes in
+  the background, bounded;
 - **bounded**: each call is timed; one over ``time_budget`` seconds (or past the request's
   deadline) is an evaluation error of the policy, and so is raising or returning anything but
   what is documented here: the policy's ``failurePolicy`` decides, the server never crashes;
@@ -52,6 +54,10 @@ class PluginRequest:
     old_object: Any                      # None on CREATE
     request: Mapping[str, Any]           # the AdmissionRequest, as CEL's ``request``
     namespace_object: Mapping[str, Any] | None = None
+    # The policy's param object (one call per param, as for CEL; None without spec.paramKind) and
+    # its context lists by entry name (spec.context): the way a plugin gets cluster data without I/O.
+    params: Mapping[str, Any] | None = None
+    context: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
 
     @property
     def operation(self) -> str:

@@ -41,7 +41,8 @@ SCENARIOS: dict[str, tuple[dict[str, Any], str]] = {
             "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
             "podAntiAffinity": "hard",
             "priorityClassName": "system-cluster-critical",
-            "rbac": {"extraRules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]},
+            "rbac": {"extraRules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}],
+                     "contextResources": [{"apiGroups": ["apps"], "resources": ["deployments"]}]},
             "podDisruptionBudget": {"minAvailable": 2},
             "networkPolicy": {
                 "webhookFrom": [{"ipBlock": {"cidr": "172.18.0.0/16", "except": ["172.18.0.128/25"]}},

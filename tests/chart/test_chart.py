@@ -225,6 +225,16 @@ def test_extra_rules_are_appended(chart: helm.Chart) -> None:
     assert ("", "configmaps", "get", None) in rules_of(role)
 
 
+def test_context_resources_get_list_and_watch_only(chart: helm.Chart) -> None:
+    """What policies read as params or context (rbac.contextResources): list and watch, nothing more."""
+    values, namespace = SCENARIOS["everything"]
+    role = operator_cluster_role(render(chart, values, namespace))
+    granted = {verb for group, resource, verb, _ in rules_of(role) if (group, resource) == ("apps", "deployments")}
+    assert granted == {"list", "watch"}
+    defaults = operator_cluster_role(render(chart, *SCENARIOS["defaults"]))
+    assert not any(resource == "deployments" for _, resource, _, _ in rules_of(defaults))
+
+
 def role_in(docs: list[dict], namespace: str) -> tuple[dict, dict]:
     """The one Role in ``namespace`` and the one RoleBinding that grants it."""
     (role,) = [d for d in all_of(docs, "Role") if d["metadata"]["namespace"] == namespace]
@@ -582,6 +592,10 @@ def test_custom_namespace_everywhere(chart: helm.Chart) -> None:
             {"rbac": {"extraRules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["*"]}]}},
             r"/rbac/extraRules/0/verbs/0",
         ),
+        (
+            {"rbac": {"contextResources": [{"apiGroups": ["apps"], "resources": ["*"]}]}},
+            r"/rbac/contextResources/0/resources/0",
+        ),
     ],
 )
 def test_schema_rejects_bad_values(chart: helm.Chart, values: dict[str, Any], expected: str) -> None:
@@ -675,6 +689,8 @@ def test_the_readme_rbac_table_lists_exactly_the_rules_the_chart_grants(chart: h
     docs = render(chart, values, namespace)
     extra = {(group, resource, verb, False) for rule in (values or {}).get("rbac", {}).get("extraRules", [])
              for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]}
+    extra |= {(group, resource, verb, False) for rule in (values or {}).get("rbac", {}).get("contextResources", [])
+              for group in rule["apiGroups"] for resource in rule["resources"] for verb in ("list", "watch")}
     rendered = {(group, resource, verb, name is not None)
                 for role in docs if role["kind"] in ("Role", "ClusterRole")
                 for group, resource, verb, name in rules_of(role)} - extra

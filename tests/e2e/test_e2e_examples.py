@@ -184,7 +184,16 @@ def load_suite(directory: Path) -> Suite:
     return Suite(example, tuple(_policies(directory, suite.get("policies", ["."]))), tuple(cases))
 
 
-SUITES = {suite.example: suite for suite in (load_suite(p.parent) for p in sorted(EXAMPLES.glob("*/test.yaml")))}
+# Examples whose cases cannot be replayed one request at a time, with why and where they are proven instead.
+NOT_REPLAYED = {
+    # Its cases give what the cluster holds per case (params and context: the namespace's quota ConfigMap
+    # and other Deployments), which differs from case to case, and the operator's caches follow the
+    # cluster a moment behind each write: tests/e2e/test_e2e_params_context.py plays the same story
+    # against the real API server, in order, waiting for the caches where a denial depends on them.
+    "deployment-quota": "params and context differ per case; see test_e2e_params_context.py",
+}
+SUITES = {suite.example: suite for suite in (load_suite(p.parent) for p in sorted(EXAMPLES.glob("*/test.yaml"))
+                                             if p.parent.name not in NOT_REPLAYED)}
 CASES = [case for suite in SUITES.values() for case in suite.cases]
 
 

@@ -14,7 +14,16 @@ from typing import Any, NamedTuple, NoReturn
 import click
 
 from .. import api
-from ..engine import Decision, Phase, PolicySet, ReviewError, build_response, evaluate, parse_review
+from ..engine import (
+    Decision,
+    Phase,
+    PolicySet,
+    ReviewError,
+    StaticInputs,
+    build_response,
+    evaluate,
+    parse_review,
+)
 from ..operator.settings import OperatorSettings
 from .admission import admit
 from .documents import Document, InputError, documents_in, dump_json, load_policies, read_documents, walk
@@ -24,6 +33,28 @@ from .requests import build_review, namespace_object
 from .suite import SuiteResult, is_suite, run_suite
 
 _OPERATIONS = click.Choice(["CREATE", "UPDATE", "DELETE", "CONNECT"], case_sensitive=False)
+
+
+def _input_options(fn: Any) -> Any:
+    """--param and --context: what the cluster would hold for policies that read params or context."""
+    fn = click.option("--context", "context_specs", multiple=True, metavar="NAME=FILE_OR_DIR",
+                      help="Objects for context.NAME (repeatable; every object of the files, none for an "
+                           "empty directory).")(fn)
+    return click.option("--param", "param_paths", multiple=True, type=click.Path(), metavar="FILE_OR_DIR",
+                        help="Param objects, for policies with spec.paramKind (repeatable).")(fn)
+
+
+def _read_inputs(param_paths: Sequence[str], context_specs: Sequence[str]) -> StaticInputs:
+    params = [document.body for path in param_paths for document in documents_in(path)
+              if isinstance(document.body, dict)]
+    context: dict[str, list[Any]] = {}
+    for spec in context_specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise InputError(f"--context: {spec!r} is not NAME=FILE_OR_DIR")
+        context.setdefault(name, []).extend(document.body for document in documents_in(path)
+                                            if isinstance(document.body, dict))
+    return StaticInputs(params, context)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -55,10 +86,12 @@ def main() -> None:
 @click.option("--user", default="admission-policy-cli", show_default=True, help="userInfo.username.")
 @click.option("--group", "groups", multiple=True, help="userInfo.groups entry (repeatable).")
 @click.option("--subresource", default="", help="subResource for plain objects, e.g. status.")
+@_input_options
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.argument("paths", nargs=-1, type=click.Path())
 def test(policy_paths: Sequence[str], operation: str, old_path: str | None, namespace_labels: str, user: str,
-         groups: Sequence[str], subresource: str, output: str, paths: Sequence[str]) -> None:
+         groups: Sequence[str], subresource: str, param_paths: Sequence[str], context_specs: Sequence[str],
+         output: str, paths: Sequence[str]) -> None:
     """Run AdmissionPolicyTest suites, or evaluate objects against policies.
 
     Each PATH is a file or directory. In directories, AdmissionPolicyTest suites are run. In
@@ -79,8 +112,9 @@ def test(policy_paths: Sequence[str], operation: str, old_path: str | None, name
         labels = _parse_labels(namespace_labels)
         user_info = {"username": user, "groups": list(groups) or ["system:authenticated"]}
         results = [run_suite(document) for document in suites]
-        evaluated = [_evaluate_input(policies, document, operation.upper(), old, labels, user_info, subresource)
-                     for document in inputs]
+        given = _read_inputs(param_paths, context_specs)
+        evaluated = [_evaluate_input(policies, document, operation.upper(), old, labels, user_info, subresource,
+                                     given) for document in inputs]
     except InputError as exc:
         _fail(exc, output)
     _print_test_results(results, evaluated, output)
@@ -95,8 +129,10 @@ def test(policy_paths: Sequence[str], operation: str, old_path: str | None, name
               help="Namespace object(s), for namespaceSelector and namespaceObject (repeatable).")
 @click.option("--phase", type=click.Choice([p.value for p in Phase]), default=Phase.ALL.value, show_default=True,
               help="Which webhook to act as: mutate, validate, or both in the API server's order.")
+@_input_options
 @click.argument("review_path", metavar="REVIEW.json|-", type=click.Path())
-def review(policy_paths: Sequence[str], namespace_paths: Sequence[str], phase: str, review_path: str) -> None:
+def review(policy_paths: Sequence[str], namespace_paths: Sequence[str], phase: str, param_paths: Sequence[str],
+           context_specs: Sequence[str], review_path: str) -> None:
     """Print the AdmissionReview response the webhook returns for an AdmissionReview request.
 
     Exits 0 whenever a response was produced, allowed or not; 2 for unusable input.
@@ -109,6 +145,7 @@ def review(policy_paths: Sequence[str], namespace_paths: Sequence[str], phase: s
                 if document.kind != "Namespace":
                     raise InputError(f"{document.source}: expected a Namespace, got kind {document.kind!r}")
                 namespaces[str((document.body.get("metadata") or {}).get("name", ""))] = document.body
+        given = _read_inputs(param_paths, context_specs)
         documents = read_documents(review_path)
         if len(documents) != 1:
             raise InputError(f"{review_path}: expected one AdmissionReview, found {len(documents)} documents")
@@ -118,7 +155,7 @@ def review(policy_paths: Sequence[str], namespace_paths: Sequence[str], phase: s
             raise InputError(f"{review_path}: invalid AdmissionReview: {exc}") from None
     except InputError as exc:
         _fail(exc)
-    decision = evaluate(policies, request, namespaces.get(request.namespace), Phase(phase))
+    decision = evaluate(policies, request, namespaces.get(request.namespace), Phase(phase), inputs=given)
     click.echo(json.dumps(build_response(decision, request.uid, request.api_version), indent=2))
 
 
@@ -176,7 +213,8 @@ def _policy_as_input(document: Document, path: str) -> str:
 
 
 def _evaluate_input(policies: PolicySet, document: Document, operation: str, old: Any,
-                    labels: dict[str, str], user_info: dict[str, Any], subresource: str) -> _Evaluated:
+                    labels: dict[str, str], user_info: dict[str, Any], subresource: str,
+                    given: StaticInputs) -> _Evaluated:
     try:
         if document.kind == "AdmissionReview":
             review_body = document.body
@@ -188,7 +226,7 @@ def _evaluate_input(policies: PolicySet, document: Document, operation: str, old
     except (ReviewError, ValueError) as exc:
         raise InputError(f"{document.source}: {exc}") from None
     namespace = namespace_object(request.namespace, labels) if request.namespace else None
-    decision, generated_name = admit(policies, request, namespace)
+    decision, generated_name = admit(policies, request, namespace, given)
     what = f"{request.resource}{'/' + request.sub_resource if request.sub_resource else ''}"
     name = generated_name or request.name
     name = f"{request.namespace}/{name}" if request.namespace else name

@@ -13,7 +13,7 @@ import random
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from ..engine import Decision, Phase, PolicyOutcome, PolicySet, evaluate
+from ..engine import Decision, Inputs, Phase, PolicyOutcome, PolicySet, evaluate
 from ..engine.request import AdmissionRequest
 
 # The API server's alphabet (k8s.io/apimachinery util/rand): no vowels and no 0, 1, 3, so a
@@ -39,15 +39,17 @@ def generate_name(prefix: str) -> str:
     return prefix[:_MAX_NAME - _RANDOM_LENGTH] + suffix
 
 
-def admit(policies: PolicySet, request: AdmissionRequest, namespace: Mapping[str, Any] | None) -> Admission:
-    """Mutate, then validate, as the API server does; a generateName gets its name in between."""
+def admit(policies: PolicySet, request: AdmissionRequest, namespace: Mapping[str, Any] | None,
+          inputs: Inputs | None = None) -> Admission:
+    """Mutate, then validate, as the API server does; a generateName gets its name in between.
+    ``inputs``: the params and context objects given in files."""
     if not _generates_name(request.object, request):
-        return Admission(evaluate(policies, request, namespace, Phase.ALL), "")
-    mutated = evaluate(policies, request, namespace, Phase.MUTATE)
+        return Admission(evaluate(policies, request, namespace, Phase.ALL, inputs=inputs), "")
+    mutated = evaluate(policies, request, namespace, Phase.MUTATE, inputs=inputs)
     if not mutated.allowed:
         return Admission(mutated, "")    # a mutating denial ends the request before any name exists
     final, name = _named(request, mutated.patched_object)
-    validated = evaluate(policies, final, namespace, Phase.VALIDATE)
+    validated = evaluate(policies, final, namespace, Phase.VALIDATE, inputs=inputs)
     return Admission(_combined(request, mutated, validated), name)
 
 

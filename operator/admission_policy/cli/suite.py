@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import api
-from ..engine import Decision, PolicySet, ReviewError, parse_review
+from ..engine import Decision, PolicySet, ReviewError, StaticInputs, parse_review
 from .admission import admit
 from .documents import Document, InputError, load_policies, read_documents
 from .report import yaml_diff
@@ -15,7 +15,7 @@ from .requests import build_review, namespace_object
 
 SUITE_KIND = "AdmissionPolicyTest"
 _CASE_FIELDS = frozenset({"name", "operation", "object", "oldObject", "subResource", "resource",
-                          "namespaceLabels", "userInfo", "dryRun", "expect"})
+                          "namespaceLabels", "userInfo", "dryRun", "params", "context", "expect"})
 _EXPECT_FIELDS = frozenset({"allowed", "code", "messageContains", "warnings", "auditAnnotations",
                             "patched", "mutated"})
 
@@ -42,7 +42,7 @@ class SuiteResult:
 def run_suite(document: Document) -> SuiteResult:
     """Load a suite's policies and run every case; unusable input raises InputError."""
     suite = _mapping(document.body, document.source, "the suite")
-    unknown = set(suite) - {"apiVersion", "kind", "metadata", "policies", "cases"}
+    unknown = set(suite) - {"apiVersion", "kind", "metadata", "policies", "params", "context", "cases"}
     if unknown:
         raise InputError(f"{document.source}: unknown field {sorted(unknown)[0]!r} in AdmissionPolicyTest")
     base = Path(document.source.split("#", 1)[0]).parent
@@ -71,20 +71,22 @@ def run_suite(document: Document) -> SuiteResult:
         if case_name in seen:
             raise InputError(f"{where}: duplicate case name {case_name!r}")
         seen.add(case_name)
-        results.append(_run_or_fail(policy_set, case, case_name, base, f"cases[{index}]"))
+        results.append(_run_or_fail(policy_set, case, case_name, base, f"cases[{index}]", suite))
     return SuiteResult(document.source, name, tuple(results))
 
 
-def _run_or_fail(policies: PolicySet, case: Mapping[str, Any], name: str, base: Path, where: str) -> CaseResult:
+def _run_or_fail(policies: PolicySet, case: Mapping[str, Any], name: str, base: Path, where: str,
+                 suite: Mapping[str, Any]) -> CaseResult:
     """A case that cannot run (a missing file, a bad field) fails alone: the other cases still run
     and the report names the suite and this case."""
     try:
-        return _run_case(policies, case, name, base, where)
+        return _run_case(policies, case, name, base, where, suite)
     except InputError as exc:
         return CaseResult(name, None, (f"cannot run: {exc}",))
 
 
-def _run_case(policies: PolicySet, case: Mapping[str, Any], name: str, base: Path, where: str) -> CaseResult:
+def _run_case(policies: PolicySet, case: Mapping[str, Any], name: str, base: Path, where: str,
+              suite: Mapping[str, Any]) -> CaseResult:
     unknown = set(case) - _CASE_FIELDS
     if unknown:
         raise InputError(f"{where}: unknown field {sorted(unknown)[0]!r} (allowed: {', '.join(sorted(_CASE_FIELDS))})")
@@ -107,11 +109,40 @@ def _run_case(policies: PolicySet, case: Mapping[str, Any], name: str, base: Pat
     namespace = None
     if request.namespace:
         namespace = namespace_object(request.namespace, case.get("namespaceLabels") or {})
-    decision, generated_name = admit(policies, request, namespace)
+    decision, generated_name = admit(policies, request, namespace, _inputs(case, suite, base, where))
     expected_patched = None
     if "patched" in expect:
         expected_patched = _object(expect["patched"], base, f"{where}.expect.patched")
     return CaseResult(name, decision, tuple(check(decision, expect, expected_patched)), generated_name)
+
+
+def _inputs(case: Mapping[str, Any], suite: Mapping[str, Any], base: Path, where: str) -> StaticInputs:
+    """The case's params and context objects (files or inline), else the suite's: what the cluster
+    would hold. ``params`` is a list of objects; ``context`` maps each entry name to a list."""
+    params_field = ("params" in case and case) or suite
+    params_where = where if "params" in case else "the suite"
+    raw_params = params_field.get("params") or []
+    if not isinstance(raw_params, list):
+        raise InputError(f"{params_where}.params must be a list of objects or files")
+    params = [_cluster_object(item, base, f"{params_where}.params[{i}]") for i, item in enumerate(raw_params)]
+    context_where = where if "context" in case else "the suite"
+    raw_context = (case if "context" in case else suite).get("context") or {}
+    if not isinstance(raw_context, Mapping):
+        raise InputError(f"{context_where}.context must map each context name to a list of objects or files")
+    context: dict[str, list[Mapping[str, Any]]] = {}
+    for name, items in raw_context.items():
+        if not isinstance(items, list):
+            raise InputError(f"{context_where}.context.{name} must be a list of objects or files")
+        context[str(name)] = [_cluster_object(item, base, f"{context_where}.context.{name}[{i}]")
+                              for i, item in enumerate(items)]
+    return StaticInputs(params, context)
+
+
+def _cluster_object(value: Any, base: Path, where: str) -> Mapping[str, Any]:
+    found = _object(value, base, where)
+    if not isinstance(found, Mapping):
+        raise InputError(f"{where}: must be an object or a file path")
+    return found
 
 
 def check(decision: Decision, expect: Mapping[str, Any], patched: Any) -> list[str]:

@@ -1,10 +1,11 @@
 """The policy engine: pure and synchronous, shared by the webhook and the CLI.
 
 Data flows one way: spec → ``compile_policy`` → ``PolicySet`` → ``evaluate`` → ``Decision``
-→ ``build_response``.
+→ ``build_response``. Params and context come in as plain data (``Inputs``), like the namespace.
 """
 from .compiler import CompiledPolicy, PolicyCompileError, compile_policy
 from .evaluation import Decision, Phase, PolicyOutcome, evaluate
+from .inputs import Inputs, Listing, NoInputs, StaticInputs
 from .policyset import PolicySet
 from .request import AdmissionRequest, ReviewError, decode_review, parse_review
 from .response import build_response, encode_patch, error_response
@@ -13,11 +14,15 @@ __all__ = [
     "AdmissionRequest",
     "CompiledPolicy",
     "Decision",
+    "Inputs",
+    "Listing",
+    "NoInputs",
     "Phase",
     "PolicyCompileError",
     "PolicyOutcome",
     "PolicySet",
     "ReviewError",
+    "StaticInputs",
     "build_response",
     "compile_policy",
     "decode_review",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -161,12 +162,13 @@ def compile_policy(policy: api.AdmissionPolicy, *, registry: plugin_api.Registry
 
     # What each variable returns, estimated, for the expressions that read it (``celcost``).
     results: dict[str, celcost.Value] = {}
+    caps = context_caps(policy)
 
     def build(expression: api.Expression | None, kind: Any = "any") -> CompiledExpression | None:
         if expression is None:
             return None
         try:
-            return compile_expression(expression, kind, variables=results)
+            return compile_expression(expression, kind, variables=results, context=caps)
         except CelCompileError as exc:
             errors.append(exc)
             return None
@@ -183,6 +185,7 @@ def compile_policy(policy: api.AdmissionPolicy, *, registry: plugin_api.Registry
                   [(op, build(op.value_expression)) for op in m.json_patch or ()], bind(m.plugin, "mutator"))
                  for m in policy.mutations]
     errors.extend(_undeclared_variables(policy))
+    errors.extend(_undeclared_context(policy))
     if errors:
         raise PolicyCompileError(policy.name, errors)
 
@@ -325,14 +328,21 @@ def _rewritten(mutation: CompiledMutation, location: podcontrollers.Location) ->
         spec, json_patch=tuple(op.spec for op in operations)), operations=operations)
 
 
+def context_caps(policy: api.AdmissionPolicy) -> dict[str, int]:
+    """Each context entry's maxObjects, by name: how long ``context.<name>`` is at most, for the
+    cost estimates."""
+    return {entry.name: entry.max_objects for entry in policy.context}
+
+
 def _estimate_all(policy: CompiledPolicy, sizes: celcost.Sizes) -> float:
     results: dict[str, celcost.Value] = {}
+    caps = context_caps(policy.policy)
     total = 0.0
     for name, variable in policy.variables.items():
-        cost, results[name] = variable.estimate(sizes, results)
+        cost, results[name] = variable.estimate(sizes, results, caps)
         total += cost
     variables = set(policy.variables.values())
-    return total + sum(expression.estimate(sizes, results)[0]
+    return total + sum(expression.estimate(sizes, results, caps)[0]
                        for expression in policy.expressions() if expression not in variables)
 
 
@@ -369,6 +379,32 @@ def _undeclared_variables(policy: api.AdmissionPolicy) -> list[CelCompileError]:
         for name in sorted((referenced or frozenset()) - earlier):
             hint = "is declared later" if name in declared else "is not declared in spec.variables"
             errors.append(CelCompileError(expression.path, f"variables.{name} {hint}"))
+    return errors
+
+
+_CONTEXT_REFERENCE = re.compile(r"\bcontext\s*\.\s*([A-Za-z_][A-Za-z0-9_]*)")
+_PARAMS_REFERENCE = re.compile(r"\bparams\b")
+_REBOUND = re.compile(r"\(\s*(context|params)\s*,")
+_STRING_LITERAL = re.compile(r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*\"""")
+
+
+def _undeclared_context(policy: api.AdmissionPolicy) -> list[CelCompileError]:
+    """``context.x`` must name an entry of spec.context; ``params`` needs spec.paramKind."""
+    declared = {entry.name for entry in policy.context}
+    errors = []
+    for expression in policy.expressions():
+        source = _STRING_LITERAL.sub("''", expression.source)   # 'no params here' names nothing
+        # A policy may name its own loop or cel.bind variable `context` (older ones do): then
+        # `context.x` is that variable's field, and nothing is checked here.
+        rebound = set(_REBOUND.findall(source))
+        for name in sorted(set(_CONTEXT_REFERENCE.findall(source)) - declared if policy.context
+                           and "context" not in rebound else ()):
+            known = ", ".join(sorted(declared)) or "none"
+            errors.append(CelCompileError(expression.path, f"context.{name} is not declared in spec.context "
+                                                           f"(declared: {known})"))
+        if policy.param_kind is None and "params" not in rebound and _PARAMS_REFERENCE.search(source):
+            errors.append(CelCompileError(expression.path, "reads params, but the policy sets no spec.paramKind "
+                                                           "and spec.paramRef"))
     return errors
 
 

@@ -24,6 +24,7 @@ from ..api import REASON_CODES, LabelSelector, non_finite
 from ..cel import POLICY_BUDGET, CelEvaluationError, CompiledExpression, new_activation
 from ..plugins import Failure, PluginRequest
 from .compiler import BoundPlugin, CompiledMutation, CompiledPatchOperation, CompiledPolicy, CompiledValidation
+from .inputs import InputError, Inputs, NoInputs, context_lists, describe, select_params
 from .patching import PatchError, apply_operation, diff, json_equal, merge
 from .podcontrollers import BY_RESOURCE, pod_view, template_of
 from .policyset import PolicySet
@@ -102,8 +103,12 @@ def evaluate(
     *,
     deadline: float | None = None,
     clock: Callable[[], float] = time.monotonic,
+    inputs: Inputs | None = None,
 ) -> Decision:
     """Decide one admission request. Never raises for anything a request or policy contains.
+
+    ``inputs``: where the policies' params and ``context`` lists come from (``engine.inputs``);
+    a policy that reads them gets its failurePolicy answer when they are not supplied or not in sync.
 
     ``deadline``: a time on ``clock`` after which no more CEL runs (checked before each policy and
     each expression): the policy at hand, and every one after it, gets its failurePolicy answer.
@@ -114,7 +119,7 @@ def evaluate(
         candidates = policies.candidates(request)
         if not candidates:
             return Decision(allowed=True, patched_object=request.object)
-        run = _Run(request, namespace_object, deadline, clock)
+        run = _Run(request, namespace_object, deadline, clock, inputs if inputs is not None else NoInputs())
         if phase in (Phase.MUTATE, Phase.ALL):
             for policy in candidates:
                 if policy.mutations:
@@ -147,8 +152,13 @@ class _Run:
     """The state of one request's evaluation across policies."""
 
     def __init__(self, request: AdmissionRequest, namespace_object: Mapping[str, Any] | None,
-                 deadline: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 deadline: float | None = None, clock: Callable[[], float] = time.monotonic,
+                 inputs: Inputs | None = None) -> None:
         self.request = request
+        self.inputs: Inputs = inputs if inputs is not None else NoInputs()
+        # The policy at hand's params object (one evaluation per param) and context lists.
+        self.param: Mapping[str, Any] | None = None
+        self.context: Mapping[str, Any] = {}
         self.namespace_object = namespace_object
         self.object: Any = request.object
         self.records: dict[str, tuple[CompiledPolicy, _Record]] = {}
@@ -166,15 +176,38 @@ class _Run:
     def guarded(self, policy: CompiledPolicy, action: Callable[[CompiledPolicy], None]) -> None:
         """Run one policy's phase; whatever stops it is an evaluation error of that policy."""
         try:
-            action(policy)
-        except _Abort as stop:
+            spec = policy.policy
+            if spec.param_kind is None and not spec.context:
+                action(policy)
+            elif (self.object is not None or action != self.mutate) and self.selected(policy):
+                self._with_inputs(policy, action)
+        except (_Abort, InputError) as stop:
             self.abort(policy, str(stop))
         except Exception as exc:   # never escapes evaluate(): the policy's failurePolicy decides
             self.abort(policy, f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            if self.param is not None or self.context:
+                self.param, self.context = None, {}
+                self.activations.clear()
+                self._bounds.clear()
+
+    def _with_inputs(self, policy: CompiledPolicy, action: Callable[[CompiledPolicy], None]) -> None:
+        """Run a policy that reads params or context: once per param found, as a
+        ValidatingAdmissionPolicy does; not at all when none is and paramRef says Allow."""
+        spec = policy.policy
+        self.context = context_lists(spec, self.request, self.inputs) if spec.context else {}
+        params: list[Mapping[str, Any] | None] | None = [None]
+        if spec.param_kind is not None:
+            params = list(select_params(spec, self.request, self.inputs) or []) or None
+        for param in params or ():
+            self.param = param
+            self.activations.clear()
+            self._bounds.clear()
+            action(policy)
 
     def abort(self, policy: CompiledPolicy, message: str) -> None:
         record = self.record(policy)
-        record.errors.append(message)
+        record.errors.append(message + self._with_param())
         if policy.policy.failure_policy == "Fail":
             record.fatal = True
 
@@ -205,7 +238,7 @@ class _Run:
         read them. ``marshal`` (C, ~3 µs/kB) bounds the size and the depth; the exact walk is
         Python, for the requests that need it (large ones, on costly policies)."""
         if exact not in self._bounds:
-            bodies = (self.object, self.request.old_object, self.namespace_object, self.request.raw)
+            bodies = (self.object, self.request.old_object, self.namespace_object, self.request.raw, self.param)
             self._bounds[exact] = _measure(bodies, exact)
         return self._bounds[exact]
 
@@ -217,10 +250,14 @@ class _Run:
     def fail(self, policy: CompiledPolicy, error: CelEvaluationError | PatchError | PluginCallError,
              path: str = "") -> bool:
         """Record an evaluation error; True when the failure policy says to stop (Fail)."""
-        text = f"{path}: {error}" if path else str(error)
+        text = (f"{path}: {error}" if path else str(error)) + self._with_param()
         record = self.record(policy)
         record.errors.append(text)
         return policy.policy.failure_policy == "Fail"
+
+    def _with_param(self) -> str:
+        """Which param an error happened with, for its message."""
+        return f" (with param {describe(self.param)})" if self.param is not None else ""
 
     def selected(self, policy: CompiledPolicy) -> bool:
         """The checks that need no CEL: excluded namespaces and label selectors; and, for a Pod
@@ -327,7 +364,8 @@ class _Run:
         """Call a plugin, timed: raising, or overrunning its budget, is a PluginCallError."""
         self.check_deadline(bound.path)
         bindings = self.bindings(policy)
-        request = PluginRequest(obj, bindings["oldObject"], self.request.raw, bindings["namespaceObject"])
+        request = PluginRequest(obj, bindings["oldObject"], self.request.raw, bindings["namespaceObject"],
+                                params=self.param, context=self.context)
         plugin = bound.plugin
         started = time.perf_counter()
         try:
@@ -422,7 +460,7 @@ class _Run:
                     continue
             except CelEvaluationError as error:
                 if self.fail(policy, error):
-                    record.failures.append(f"{error.path}: {error.message}")
+                    record.failures.append(f"{error.path}: {error.message}{self._with_param()}")
                     record.reason = record.reason or "Forbidden"
                 continue
             self._failed(policy, validation, scope)
@@ -457,6 +495,8 @@ class _Run:
             "oldObject": _bound(old, full),
             "request": self.request.raw,
             "namespaceObject": _bound(self.namespace_object, full),
+            "params": self.param,
+            "context": self.context,
         }
 
     def activation(self, policy: CompiledPolicy) -> Any:

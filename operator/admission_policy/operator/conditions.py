@@ -21,6 +21,8 @@ REGISTERED: Final = "Registered"
 READY: Final = "Ready"
 PLUGINS_ENABLED: Final = "PluginsEnabled"
 GATED_OFF: Final = "FeatureGateDisabled"
+INPUTS_SYNCED: Final = "InputsSynced"
+NOT_SYNCED: Final = "NotSynced"
 
 # Registered=False for this reason is the operator's own trouble (its webhook configurations were
 # deleted or edited and cannot be written back), retried by itself: Pending, not Degraded, which
@@ -51,12 +53,19 @@ class Observation:
     # (a status rebuilt from itself), the written condition stays.
     plugins: Condition | None = None
     reports_plugins: bool = False   # True: observed; a policy without plugins has no such condition
+    # InputsSynced: False while a cache of the policy's params or context (operator/sources.py) has
+    # not listed, or its watch is down: Degraded, because the requests that read it get the
+    # failurePolicy answer meanwhile (never a stale list). None: the policy reads neither.
+    inputs: Condition | None = None
+    reports_inputs: bool = False
 
     @property
     def phase(self) -> Phase:
         if self.compiled.status == "False":
             return "Failed"
         if self.plugins is not None and self.plugins.status == "False":
+            return "Degraded"
+        if self.inputs is not None and self.inputs.status == "False" and self.registered.status == "True":
             return "Degraded"
         if self.registered.status == "False" and self.registered.reason != REGISTRATION_LOST:
             return "Degraded"
@@ -69,6 +78,8 @@ class Observation:
         if self.compiled.status == "True" and self.registered.status == "True":
             if self.plugins is not None and self.plugins.status == "False":
                 return Condition(READY, "False", self.plugins.reason, self.plugins.message)
+            if self.inputs is not None and self.inputs.status == "False":
+                return Condition(READY, "False", self.inputs.reason, self.inputs.message)
             return Condition(READY, "True", "Enforced", "the policy is enforced for every resource it matches")
         blocking = self.compiled if self.compiled.status != "True" else self.registered
         status: ConditionStatus = "Unknown" if blocking.status == "Unknown" else "False"
@@ -96,6 +107,18 @@ def plugins_condition(gated_off: tuple[str, ...], used: int) -> Condition | None
     return Condition(PLUGINS_ENABLED, "True", "Enabled", f"{used} plugin rule(s), all enabled")
 
 
+def inputs_condition(problems: list[str], declared: bool) -> Condition | None:
+    """InputsSynced, from the caches' problems for the policy (``Sources.problems``); None for a
+    policy that reads no params or context."""
+    if not declared:
+        return None
+    if problems:
+        return Condition(INPUTS_SYNCED, "False", NOT_SYNCED,
+                         "; ".join(problems) + "; requests that read them get the failurePolicy answer until "
+                         "they are (check the operator's RBAC: the chart's rbac.contextResources)")
+    return Condition(INPUTS_SYNCED, "True", "Synced", "params and context are listed and watched")
+
+
 def pending(reason: str = "Reconciling", message: str = "the operator is loading this generation") -> Observation:
     unknown = Condition(COMPILED, "Unknown", reason, message)
     return Observation(unknown, Condition(REGISTERED, "Unknown", reason, message))
@@ -115,6 +138,10 @@ def status_patch(
         conditions.append(_condition(previous.get(PLUGINS_ENABLED), observation.plugins, generation, now))
     elif PLUGINS_ENABLED in previous and not observation.reports_plugins:
         conditions.append(dict(previous[PLUGINS_ENABLED]))
+    if observation.inputs is not None:
+        conditions.append(_condition(previous.get(INPUTS_SYNCED), observation.inputs, generation, now))
+    elif INPUTS_SYNCED in previous and not observation.reports_inputs:
+        conditions.append(dict(previous[INPUTS_SYNCED]))
     patch: dict[str, Any] = {"phase": observation.phase, "observedGeneration": generation, "conditions": conditions}
     if observation.reports_pod_controllers:   # a merge patch: None removes what an older generation had
         patch["podControllers"] = dict(observation.pod_controllers) if observation.pod_controllers else None

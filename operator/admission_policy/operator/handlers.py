@@ -30,6 +30,7 @@ from . import certificates, conditions, events, metrics, registration, watcher
 from .decisions import DecisionLog
 from .kube import Discovery, leads_peering, new_api_client
 from .settings import OperatorSettings
+from .sources import Sources
 from .store import FINALIZER, PolicyStore, error_text, load_policy
 from .webhook import PolicyWebhookServer, current_exchange
 from .webhookconfig import EXEMPT_LABEL, NOT_SERVED, never_judged, unserved_resources
@@ -40,6 +41,7 @@ REGISTRATION_TIMEOUT = 20.0      # how long reconciliation waits for the configu
 DISCOVERY_GRACE = 10.0           # how long a new generation waits for a resource it names to be served
 DISCOVERY_POLL = 1.0
 FOLLOW_INTERVAL = 30.0           # while the configurations are lost, re-list the policies this often
+INPUTS_GRACE = 10.0              # how long a new generation waits for its params and context to be listed
 # Loggers of the HTTP clients: at DEBUG they print whole response bodies, the certificate Secret's
 # private keys included. They stay at WARNING whatever the operator's level (issue 18).
 CLIENT_LOGGERS = ("kubernetes_asyncio", "client", "urllib3", "aiohttp.client", "aiohttp.internal")
@@ -55,6 +57,7 @@ class Operator:
     discovery: Discovery
     bundle: certificates.CertificateBundle
     events: events.PolicyEvents
+    sources: Sources
     decisions: DecisionLog = dataclasses.field(default_factory=DecisionLog)
     kopf_settings: kopf.OperatorSettings | None = None
     tasks: list[asyncio.Task[Any]] = dataclasses.field(default_factory=list)
@@ -126,8 +129,11 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         certfile=paths.certfile, pkeyfile=paths.pkeyfile, cafile=paths.cafile, file_check_interval=10.0,
         max_connections=config.max_connections, body_timeout=config.webhook_timeout)
 
-    _operator = op = Operator(config, store, api_client, Discovery(api_client), bundle,
-                              events.PolicyEvents("admission-policy-operator"), kopf_settings=settings)
+    discovery = Discovery(api_client)
+    sources = Sources(api_client, discovery)
+    store.on_change = sources.want
+    _operator = op = Operator(config, store, api_client, discovery, bundle,
+                              events.PolicyEvents("admission-policy-operator"), sources, kopf_settings=settings)
     op.runners.append(await _listening(metrics.serve_probes(config.listen_host, config.health_port,
                                                             lambda: store.ready, store.out_of_sync),
                                        config.listen_host, config.health_port, "AP_HEALTH_PORT, the probes"))
@@ -143,6 +149,9 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     op.spawn("registration status", _follow_registration(op))
     op.spawn("certificate renewal", _renew_certificates(op))
     op.spawn("heap freeze", _freeze_after_load(store))
+    op.spawn("params and context caches", sources.run())
+    op.spawn("inputs status", _follow_inputs(op))
+    metrics.SOURCES.read = sources.stats
     metrics.POLICIES.set_function(lambda: len(store.policies))   # read at scrape time
     metrics.REJECTED.set_function(lambda: len(store.rejected))
     store.changed.set()  # write the configurations once even with no policies (the fixed entry)
@@ -160,6 +169,7 @@ async def cleanup(**_: Any) -> None:
     for task in op.tasks:
         task.cancel()
     await asyncio.gather(*op.tasks, return_exceptions=True)
+    await op.sources.close()
     for runner in op.runners:
         await runner.cleanup()
     await op.api_client.close()
@@ -206,7 +216,12 @@ async def observe(op: Operator, body: Mapping[str, Any], name: str, generation: 
     if compiled is None:
         return observation
     coverage = compiled.coverage.as_status() if compiled.coverage else None
-    return dataclasses.replace(observation, pod_controllers=coverage, reports_pod_controllers=True,
+    spec = compiled.policy
+    declared = spec.param_kind is not None or bool(spec.context)
+    if declared and observation.registered.status == "True":
+        problems = await _wait_inputs(op, spec, INPUTS_GRACE if settle else 0.0)
+        observation = dataclasses.replace(observation, inputs=conditions.inputs_condition(problems, declared))
+    return dataclasses.replace(observation, pod_controllers=coverage, reports_pod_controllers=True, reports_inputs=True,
                                reports_plugins=True, plugins=conditions.plugins_condition(
                                    compiled.gated_off, sum(1 for _ in compiled.plugins())))
 
@@ -249,6 +264,60 @@ async def _observe(op: Operator, body: Mapping[str, Any], name: str, generation:
     return conditions.Observation(compiled_ok, conditions.Condition(
         conditions.REGISTERED, "True", "Registered",
         f"routed by {op.settings.webhook_config_name} webhook configurations")), compiled
+
+
+async def _wait_inputs(op: Operator, policy: api.AdmissionPolicy, grace: float) -> list[str]:
+    """The policy's params and context caches' problems, after up to ``grace`` seconds for a cache
+    just started to list (a new policy's own sources start as it loads)."""
+    deadline = time.monotonic() + grace
+    while True:
+        changed = op.sources.sync_changed()
+        problems = op.sources.problems(policy)
+        if not problems or time.monotonic() >= deadline:
+            return problems
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                await changed.wait()
+
+
+async def _follow_inputs(op: Operator) -> None:
+    """InputsSynced follows the caches: a cache that falls out of sync (its watch fails) turns the
+    policies reading it Degraded at once, and back once it has listed again. Wakes only when some
+    cache's sync state changes."""
+    while True:
+        changed = op.sources.sync_changed()
+        await changed.wait()
+        await asyncio.sleep(0.2)   # caches starting together: one pass
+        try:
+            if await op.reconciles():
+                await _update_inputs(op)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("Updating the policies' InputsSynced condition failed: %s", exc)
+
+
+async def _update_inputs(op: Operator) -> None:
+    for compiled in op.store.policies:
+        spec = compiled.policy
+        if spec.param_kind is None and not spec.context:
+            continue
+        objects = client.CustomObjectsApi(op.api_client)
+        try:
+            raw: Any = await objects.get_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL, spec.name)
+        except client.ApiException:
+            continue
+        body = kopf.Body(raw)
+        status, generation = body.status, int(body.metadata.get("generation") or 0)
+        if status.get("observedGeneration") != generation or body.metadata.get("deletionTimestamp"):
+            continue   # reconciliation has this generation in hand
+        written = conditions.from_status(status, conditions.INPUTS_SYNCED)
+        now = conditions.inputs_condition(op.sources.problems(spec), True)
+        if written is not None and now is not None and (written.status, written.message) == (now.status, now.message):
+            continue
+        observation = await observe(op, body, spec.name, generation)
+        await _write_status(op, spec.name, conditions.status_patch(status, observation, generation, _now()))
+        await _announce(op, body, status.get("phase"), observation)
 
 
 async def _unserved(op: Operator, compiled: Any, settle: bool) -> list[str]:
@@ -387,7 +456,7 @@ async def _decide(phase: Phase, webhook: str) -> None:
         namespace = op.store.namespaces.get(request.namespace) or await _fetch_namespace(op, request.namespace)
     started = time.perf_counter()
     decision = evaluate(op.store.policies, request, namespace, phase,
-                        deadline=arrived + op.settings.evaluation_deadline)
+                        deadline=arrived + op.settings.evaluation_deadline, inputs=op.sources)
     metrics.observe(decision, request.operation, webhook, time.perf_counter() - started)
     exchange.decision = decision
     op.decisions.record(request, decision, webhook)

@@ -128,5 +128,5 @@ def _resources(group: str, version: str, listing: dict[str, Any]) -> list[Discov
             mains[main] = item
     return [DiscoveredResource(group=group, version=version, resource=name,
                                subresources=tuple(sorted(subresources.get(name, ()))),
-                               namespaced=bool(item.get("namespaced", True)))
+                               namespaced=bool(item.get("namespaced", True)), kind=str(item.get("kind", "")))
             for name, item in mains.items()]

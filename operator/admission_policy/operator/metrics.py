@@ -22,6 +22,33 @@ REJECTED = Gauge("admission_policy_policies_rejected", "AdmissionPolicy generati
                  registry=REGISTRY)
 
 NO_POLICY = "(none)"
+
+
+class SourceStats:
+    """The params and context caches (operator/sources.py), read at scrape time: objects held,
+    approximate bytes per object (marshalled size, managedFields left out), and whether in sync."""
+
+    def __init__(self) -> None:
+        self.read: Callable[[], Iterator[tuple[str, int, float, bool]]] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        objects = GaugeMetricFamily("admission_policy_context_objects",
+                                    "Objects held by each params/context cache.", labels=["source"])
+        size = GaugeMetricFamily("admission_policy_context_object_bytes",
+                                 "Approximate memory per cached object (its marshalled size), per cache.",
+                                 labels=["source"])
+        synced = GaugeMetricFamily("admission_policy_context_synced",
+                                   "1 while a params/context cache is listed and watched, 0 while it is not "
+                                   "(requests reading it get the failurePolicy answer).", labels=["source"])
+        for source, count, per_object, in_sync in (self.read() if self.read is not None else ()):
+            objects.add_metric([source], count)
+            size.add_metric([source], per_object)
+            synced.add_metric([source], 1 if in_sync else 0)
+        yield from (objects, size, synced)
+
+
+SOURCES = SourceStats()
+REGISTRY.register(SOURCES)
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 

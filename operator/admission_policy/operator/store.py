@@ -56,6 +56,8 @@ class PolicyStore:
         self.listening = asyncio.Event()                 # the webhook server accepts connections
         self.changed = asyncio.Event()                   # the configurations need rewriting
         self._registration = asyncio.Condition()
+        # Called with each new policy set (the caches of params and context follow it: sources.py).
+        self.on_change: Callable[[PolicySet], None] | None = None
 
     @property
     def ready(self) -> bool:
@@ -93,6 +95,7 @@ class PolicyStore:
             return
         self.rejected.pop(name, None)
         self.policies = self.policies.replace(compiled)
+        self._changed_policies()
         self.generations[name] = generation
         self.uids[name] = str(metadata.get("uid", ""))
         logger.info("AdmissionPolicy %s: generation %d loaded", name, generation)
@@ -102,10 +105,15 @@ class PolicyStore:
         self.rejected.pop(name, None)
         if name in self.generations:
             self.policies = self.policies.remove(name)
+            self._changed_policies()
             del self.generations[name]
             self.uids.pop(name, None)
             logger.info("AdmissionPolicy %s: no longer enforced: %s", name, why)
             self.changed.set()
+
+    def _changed_policies(self) -> None:
+        if self.on_change is not None:
+            self.on_change(self.policies)
 
     def sync(self, names: set[str]) -> None:
         """After a full list: forget what the list no longer holds (deleted while not watching)."""

@@ -1,5 +1,6 @@
 """Every replica's own list+watch of AdmissionPolicies and Namespaces (and, for the writer in
-``registration``, of its two webhook configurations).
+``registration``, of its two webhook configurations; for ``sources``, of what policies read as
+params and context).
 
 Kopf's watch streams pause when peering makes another replica the active one; admission must
 not, so serving state comes from these plain watches. Events are applied idempotently: a
@@ -32,7 +33,7 @@ async def watch_policies(api_client: client.ApiClient, store: PolicyStore) -> No
         else:
             store.observe(body)
 
-    await _list_and_watch(
+    await list_and_watch(
         "AdmissionPolicies",
         lambda **kw: objects.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL, **kw),
         on_event, store.sync, store.policies_loaded, store.unsynced)
@@ -52,7 +53,7 @@ async def watch_namespaces(api_client: client.ApiClient, store: PolicyStore) -> 
         for name in set(store.namespaces) - names:
             store.namespaces.pop(name, None)
 
-    await _list_and_watch("Namespaces", core.list_namespace, on_event, on_listed, store.namespaces_loaded,
+    await list_and_watch("Namespaces", core.list_namespace, on_event, on_listed, store.namespaces_loaded,
                           store.unsynced)
 
 
@@ -63,19 +64,21 @@ async def watch_objects(
     on_listed: Callable[[set[str]], None],
 ) -> None:
     """List and watch anything else (the webhook configurations), the same resilient way."""
-    await _list_and_watch(what, lister, on_event, on_listed, asyncio.Event())
+    await list_and_watch(what, lister, on_event, on_listed, asyncio.Event())
 
 
 WATCH_SECONDS = 300   # each watch request's timeoutSeconds; the next one resumes where it ended
 
 
-async def _list_and_watch(
+async def list_and_watch(
     what: str,
     lister: Lister,
     on_event: Callable[[str, Mapping[str, Any]], None],
     on_listed: Callable[[set[str]], None],
     loaded: asyncio.Event,
     unsynced: dict[str, float] | None = None,
+    *,
+    on_error: Callable[[str], None] | None = None,
 ) -> None:
     """List, then watch from the last resourceVersion seen, as client-go's reflector does: a watch
     that times out is resumed, and only an error (410 Gone: too old) or a failure lists again.
@@ -117,6 +120,8 @@ async def _list_and_watch(
                             what, resumed_from)
                 continue
             unsynced.setdefault(what, time.monotonic())
+            if on_error is not None:
+                on_error(f"{exc.status} {exc.reason}" if isinstance(exc, client.ApiException) else str(exc))
             logger.warning("Watching %s failed, retrying in %.0fs: %s", what, backoff, exc)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
@@ -137,8 +142,15 @@ async def _list(
     if not isinstance(data.get("items"), list):
         raise ValueError(f"a listing without items: {str(data)[:500]}")
     names = set()
+    # A list's items carry no kind or apiVersion (the list does): fill them, as a watch event's have them
+    # and a policy may read object.kind from a context list or params.
+    kind, api_version = str(data.get("kind") or "").removesuffix("List"), data.get("apiVersion")
     for item in data.get("items", []):
-        names.add(item["metadata"]["name"])
+        if kind and api_version and "kind" not in item:
+            item = {"apiVersion": api_version, "kind": kind, **item}
+        metadata = item["metadata"]
+        # namespace/name for namespaced objects (params and context caches); name alone otherwise.
+        names.add(f"{metadata['namespace']}/{metadata['name']}" if metadata.get("namespace") else metadata["name"])
         on_event("ADDED", item)
     on_listed(names)
     return (data.get("metadata") or {}).get("resourceVersion")

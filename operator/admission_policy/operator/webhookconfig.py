@@ -92,6 +92,7 @@ class DiscoveredResource:
     resource: str  # the plural, without subresource
     subresources: tuple[str, ...] = ()
     namespaced: bool = True
+    kind: str = ""   # for paramKind → resource (operator/sources.py)
 
 
 # (group, version, resource-with-optional-subresource) → operations
