@@ -39,7 +39,6 @@ from admission_policy.engine import (
     CompiledPolicy,
     Phase,
     PolicySet,
-    StaticInputs,
     build_response,
     compile_policy,
     evaluate,
@@ -47,6 +46,7 @@ from admission_policy.engine import (
 )
 from admission_policy.engine import evaluation as evaluation_module
 from admission_policy.engine.patching import diff
+from admission_policy.operator.sources import SourceCache, Sources
 from common import EXAMPLES, SERVER_CORE, emit, pin, rss_mb
 
 NAMESPACE = {"apiVersion": "v1", "kind": "Namespace",
@@ -246,7 +246,15 @@ def context_list(seconds: float, count: int) -> dict[str, Any]:
     request = parse_review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
         "uid": "1", "operation": "CREATE", "namespace": "team-a", "name": "web", "object": created,
         "resource": {"group": "apps", "version": "v1", "resource": "deployments"}, "userInfo": {"username": "u"}}})
-    inputs = StaticInputs((), {"deployments": deployments})
+    # What the operator's webhook reads: its watch-backed cache of the source (operator/sources.py).
+    (entry,) = next(iter(policy_set)).policy.context
+    cache = SourceCache(entry.source)
+    for item in deployments:
+        item["metadata"]["namespace"] = "team-a"
+        cache.apply("ADDED", item)
+    cache.loaded.set()
+    inputs = Sources(None, None)
+    inputs.caches[entry.source] = cache
     decision = evaluate(policy_set, request, NAMESPACE, Phase.VALIDATE, inputs=inputs)
     assert decision.allowed, decision.message
     return {"objects": count, "allowed": decision.allowed, "evaluate_us": round(per_call_us(
