@@ -323,9 +323,7 @@ def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionP
     if root.get("kind") not in (None, KIND):
         raise PolicyError("kind", f"must be {KIND!r}, got {root.get('kind')!r}")
     metadata = _mapping(root.get("metadata"), "metadata")
-    name = _string(metadata.get("name"), "metadata.name")
-    if not name:
-        raise PolicyError("metadata.name", "must not be empty")
+    name = _required_string(metadata.get("name"), "metadata.name")
     generation = metadata.get("generation", 0)
     if not isinstance(generation, int) or isinstance(generation, bool):
         raise PolicyError("metadata.generation", "must be an integer")
@@ -434,9 +432,7 @@ def _parse_params(spec: Mapping[str, Any]) -> tuple[ParamKind | None, ParamRef |
     api_version = _string(raw.get("apiVersion"), "spec.paramKind.apiVersion")
     if not api_version or api_version.count("/") > 1 or api_version.endswith("/") or api_version.startswith("/"):
         raise PolicyError("spec.paramKind.apiVersion", f"{api_version!r} is not an apiVersion (\"v1\", \"group/v1\")")
-    kind = _string(raw.get("kind"), "spec.paramKind.kind")
-    if not kind:
-        raise PolicyError("spec.paramKind.kind", "must not be empty")
+    kind = _required_string(raw.get("kind"), "spec.paramKind.kind")
     ref = _mapping(spec["paramRef"], "spec.paramRef")
     _check_fields(ref, "spec.paramRef", "spec.paramRef")
     name = _string(ref["name"], "spec.paramRef.name") if ref.get("name") is not None else None
@@ -462,9 +458,7 @@ def _parse_context(value: Any, path: str) -> ContextEntry:
         raise PolicyError(f"{path}.name", f"{name!r} must be a CEL identifier (letters, digits, _): "
                                           "CEL reads it as context.<name>")
     group = _string(raw.get("group", ""), f"{path}.group")
-    version = _string(raw.get("version"), f"{path}.version")
-    if not version:
-        raise PolicyError(f"{path}.version", "must not be empty")
+    version = _required_string(raw.get("version"), f"{path}.version")
     resource = _string(raw.get("resource"), f"{path}.resource")
     if not resource or "/" in resource or resource == "*":
         raise PolicyError(f"{path}.resource", f"{resource!r} is not a resource: name one plural, e.g. \"deployments\"")
@@ -519,9 +513,7 @@ def _parse_named(value: Any, path: str, schema_path: str) -> NamedExpression:
     """A variable (whose name CEL reads as ``variables.<name>``) or a match condition."""
     raw = _mapping(value, path)
     _check_fields(raw, path, schema_path)
-    name = _string(raw.get("name"), f"{path}.name")
-    if not name:
-        raise PolicyError(f"{path}.name", "must not be empty")
+    name = _required_string(raw.get("name"), f"{path}.name")
     if schema_path == "spec.variables[]" and not name.isidentifier():
         raise PolicyError(f"{path}.name", f"{name!r} must be a CEL identifier (letters, digits, _)")
     return NamedExpression(name, _expression(raw.get("expression"), f"{path}.expression"))
@@ -552,9 +544,7 @@ def _parse_validation(value: Any, path: str) -> Validation:
 def _parse_plugin(value: Any, path: str, schema_path: str) -> PluginRef:
     raw = _mapping(value, path)
     _check_fields(raw, path, schema_path)
-    name = _string(raw.get("name"), f"{path}.name")
-    if not name:
-        raise PolicyError(f"{path}.name", "must not be empty")
+    name = _required_string(raw.get("name"), f"{path}.name")
     config = _finite(copy.deepcopy(dict(_mapping(raw.get("config", {}), f"{path}.config"))), f"{path}.config")
     return PluginRef(name, config, path)
 
@@ -657,6 +647,13 @@ def _enum(value: Any, path: str, allowed: Sequence[str]) -> str:
         choices = " | ".join(allowed)
         raise PolicyError(path, f"must be one of {choices}, got {value!r}")
     return cast(str, value)
+
+
+def _required_string(value: Any, path: str) -> str:
+    text = _string(value, path)
+    if not text:
+        raise PolicyError(path, "must not be empty")
+    return text
 
 
 def _expression(value: Any, path: str) -> Expression:
