@@ -65,7 +65,12 @@ ACCEPTED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "spec.mutations[]": frozenset({"name", "condition", "jsonPatch", "merge", "mergeMode", "plugin"}),
     "spec.mutations[].plugin": frozenset({"name", "config"}),
     "spec.mutations[].jsonPatch[]": frozenset({"op", "path", "from", "value", "valueExpression"}),
-    "status": frozenset({"phase", "observedGeneration", "conditions", "podControllers"}),
+    "status": frozenset({"phase", "observedGeneration", "conditions", "podControllers", "audit"}),
+    "status.audit": frozenset({
+        "lastScanTime", "scannedGeneration", "objectsScanned", "violations", "errors", "wouldMutate",
+        "scanSeconds", "message", "firstViolations",
+    }),
+    "status.audit.firstViolations[]": frozenset({"apiVersion", "kind", "namespace", "name", "uid", "message"}),
     "status.podControllers": frozenset({"kinds", "notApplied", "reason"}),
     "status.podControllers.notApplied[]": frozenset({"path", "reason"}),
     "status.conditions[]": frozenset({

@@ -26,7 +26,7 @@ from kubernetes_asyncio import client
 
 from .. import api, features
 from ..engine import CompiledPolicy, Decision, Phase, PolicyCompileError, evaluate
-from . import certificates, conditions, events, metrics, registration, watcher
+from . import audit, certificates, conditions, events, metrics, registration, watcher
 from .decisions import DecisionLog
 from .kube import Discovery, leads_peering, new_api_client
 from .settings import OperatorSettings
@@ -142,6 +142,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     op.spawn("decision log", op.decisions.run())
     op.spawn("registration status", _follow_registration(op))
     op.spawn("certificate renewal", _renew_certificates(op))
+    op.spawn("background audit", audit.Auditor(api_client, config, store, op.discovery, op.reconciles).run())
     op.spawn("heap freeze", _freeze_after_load(store))
     metrics.POLICIES.set_function(lambda: len(store.policies))   # read at scrape time
     metrics.REJECTED.set_function(lambda: len(store.rejected))
