@@ -76,7 +76,7 @@ def test_apply_watch_and_describe(cluster: Cluster, policies: Policies) -> None:
     assert "Pending" in phases[: phases.index("Active")], f"no Pending before Active:\n{watched}"
 
     rows = table(cluster.kubectl("get", "ap", name).stdout)
-    assert list(rows[0]) == ["NAME", "ENFORCEMENT", "PHASE", "AGE"]
+    assert list(rows[0]) == ["NAME", "ENFORCEMENT", "PHASE", "VIOLATIONS", "AGE"]
     assert rows[0]["NAME"] == name and rows[0]["ENFORCEMENT"] == "Enforce" and rows[0]["PHASE"] == "Active"
     assert cluster.kubectl("get", "admpol", name, "-o", "name").stdout.strip() == \
         f"admissionpolicy.policy-operator.dev/{name}"
