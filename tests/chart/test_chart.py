@@ -223,7 +223,8 @@ def test_operator_cluster_role_is_exactly_what_the_operator_uses(chart: helm.Cha
 
 
 AUDIT_LISTED = {
-    "": "pods services configmaps serviceaccounts persistentvolumeclaims persistentvolumes replicationcontrollers nodes",
+    "": "pods services configmaps serviceaccounts persistentvolumeclaims persistentvolumes replicationcontrollers "
+        "nodes",
     "apps": "deployments replicasets statefulsets daemonsets",
     "batch": "jobs cronjobs",
     "networking.k8s.io": "ingresses networkpolicies",
@@ -233,7 +234,8 @@ AUDIT_LISTED = {
 
 def test_audit_settings_reach_the_operator_and_a_disabled_audit_gets_no_rbac(chart: helm.Chart) -> None:
     env = env_of(operator_container(render(chart)))
-    assert (env["AP_AUDIT_INTERVAL"], env["AP_AUDIT_PAGE_SIZE"], env["AP_AUDIT_VIOLATIONS_LIMIT"]) == ("5m", "500", "20")
+    audit = (env["AP_AUDIT_INTERVAL"], env["AP_AUDIT_PAGE_SIZE"], env["AP_AUDIT_VIOLATIONS_LIMIT"])
+    assert audit == ("5m", "500", "20")
     docs = render(chart, {"audit": {"interval": 0, "pageSize": 100, "violationsLimit": 5}})
     assert env_of(operator_container(docs))["AP_AUDIT_INTERVAL"] == "0"
     groups = {group for group, *_ in rules_of(operator_cluster_role(docs))}

@@ -55,7 +55,8 @@ def install_report_crds(cluster: Cluster) -> None:
 
 
 def audit_policy(name: str, selector: str) -> dict[str, Any]:
-    rules = [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"], "operations": ["CREATE", "UPDATE"]},
+    rules = [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"],
+              "operations": ["CREATE", "UPDATE"]},
              {"apiGroups": ["rbac.authorization.k8s.io"], "apiVersions": ["v1"], "resources": ["clusterroles"],
               "operations": ["CREATE", "UPDATE"]}]
     return policy_body(name, enforcement="Audit", match={"resources": rules,

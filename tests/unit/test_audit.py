@@ -37,7 +37,8 @@ def policy(name: str = "team", *, enforcement: str = "Enforce", operations: tupl
 
 TEAM = [{"expression": "has(object.metadata.labels) && 'team' in object.metadata.labels",
          "message": "a team label is required"},
-        {"expression": "object.metadata.name.size() < 8", "messageExpression": "'name ' + object.metadata.name + ' is long'"}]
+        {"expression": "object.metadata.name.size() < 8",
+         "messageExpression": "'name ' + object.metadata.name + ' is long'"}]
 
 
 def pod(name: str = "web", namespace: str = "apps", labels: dict[str, str] | None = None) -> dict[str, Any]:
