@@ -192,9 +192,11 @@ async def list_objects(api_client: client.ApiClient, settings: OperatorSettings,
         if status != 200 or not isinstance(page, Mapping):
             message = page.get("message", "") if isinstance(page, Mapping) else ""
             raise ListingError(f"cannot list {display(target)}: {status} {message}".strip())
-        kind = str(page.get("kind") or "").removesuffix("List")
-        resource = Resource(target.group, target.version, target.resource, kind, target.namespaced)
         items = page.get("items") or []
+        # The list's kind names its items' (their own kind is usually left out of a list).
+        kind = str(page.get("kind") or "").removesuffix("List") or next(
+            (str(item.get("kind")) for item in items if isinstance(item, dict) and item.get("kind")), "")
+        resource = Resource(target.group, target.version, target.resource, kind, target.namespaced)
         meta = page.get("metadata") or {}
         listed += len(items)
         if progress is not None:
@@ -207,6 +209,8 @@ async def list_objects(api_client: client.ApiClient, settings: OperatorSettings,
             item.setdefault("apiVersion", resource.api_version)
             item.setdefault("kind", kind)
             metadata = item.get("metadata") or {}
+            if (metadata.get("labels") or {}).get(EXEMPT_LABEL) == "true":   # the selector's job, unless ignored
+                continue
             namespace = str(metadata.get("namespace") or "") if target.namespaced else ""
             if never_judged(settings, target.group, target.resource, namespace, str(metadata.get("name"))):
                 continue
