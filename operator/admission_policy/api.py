@@ -48,7 +48,7 @@ ACCEPTED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "": frozenset({"apiVersion", "kind", "metadata", "spec", "status"}),
     "spec": frozenset({
         "description", "enforcement", "failurePolicy", "match", "podControllers", "variables", "validations",
-        "mutations",
+        "mutations", "reportAdmission",
     }),
     "spec.match": frozenset({
         "resources", "namespaceSelector", "objectSelector", "excludeNamespaces", "conditions",
@@ -217,6 +217,8 @@ class AdmissionPolicy:
     # For a policy matching pods: the workload kinds whose Pod templates it also judges.
     # None (unset): all of POD_CONTROLLERS; () opts out.
     pod_controllers: tuple[str, ...] | None = None
+    # Audit/Warn failures at admission also go to the audit reports (operator/audit.py).
+    report_admission: bool = False
 
     def expressions(self) -> list[Expression]:
         """Every CEL expression of the policy, in field order."""
@@ -300,6 +302,7 @@ def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionP
         validations=validations,
         mutations=mutations,
         pod_controllers=pod_controllers,
+        report_admission=_boolean(spec.get("reportAdmission", False), "spec.reportAdmission"),
     )
 
 
@@ -493,6 +496,12 @@ def _mapping(value: Any, path: str) -> Mapping[str, Any]:
 def _list(value: Any, path: str) -> Sequence[Any]:
     if not isinstance(value, list):
         raise PolicyError(path, f"must be a list, got {_type_name(value)}")
+    return value
+
+
+def _boolean(value: Any, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise PolicyError(path, f"must be true or false, got {_type_name(value)}")
     return value
 
 

@@ -40,6 +40,10 @@ class ObjectRef:
     namespace: str = ""
     uid: str = ""
 
+    def same_object(self, other: ObjectRef) -> bool:
+        """By kind, namespace and name: an object admitted on CREATE has no uid yet."""
+        return (self.kind, self.namespace, self.name) == (other.kind, other.namespace, other.name)
+
     def as_dict(self) -> dict[str, str]:
         ref = {"apiVersion": self.api_version, "kind": self.kind, "name": self.name}
         if self.namespace:
@@ -132,6 +136,18 @@ class Results:
     @property
     def namespaces(self) -> set[str]:
         return set(self.counts)
+
+    def with_object(self, ref: ObjectRef, entries: Iterable[Entry]) -> Results:
+        """A copy where this object's results are ``entries`` (an admission's, newer than a scan's)."""
+        copied = Results({ns: list(kept) for ns, kept in self.entries.items()},
+                         {ns: collections.Counter(counts) for ns, counts in self.counts.items()})
+        kept = copied.entries.get(ref.namespace, [])
+        for old in [entry for entry in kept if entry.ref.same_object(ref)]:
+            kept.remove(old)
+            copied.counts[ref.namespace][old.result] -= 1
+        for entry in entries:
+            copied.add(entry)
+        return copied
 
 
 

@@ -8,8 +8,19 @@ from typing import Any
 import kmock
 import pytest
 import yaml
-from emulator import ADMISSION_POLICIES, CONFIGMAPS, Emulator, wait_for
-from operator_env import NAMESPACE, operator_environment, operator_running, policy_body, wait_phase
+from emulator import ADMISSION_POLICIES, CONFIGMAPS, VALIDATING_WEBHOOK_CONFIGURATIONS, Emulator, wait_for
+from operator_env import (
+    CONFIG_NAME,
+    CREATE_POD_RULE,
+    NAMESPACE,
+    Webhook,
+    ca_context,
+    operator_environment,
+    operator_running,
+    pod_request,
+    policy_body,
+    wait_phase,
+)
 
 from admission_policy import reports
 
@@ -95,3 +106,36 @@ async def test_without_the_report_crds_only_the_status_is_written(
     ours = {kmock.resource(REPORTS), kmock.resource(f"{reports.API_VERSION}/{reports.CLUSTER_REPORTS}")}
     assert [r for r in emulator.kmock if r.resource in ours] == []
     assert any(r.resource == kmock.resource(CONFIGMAPS) for r in emulator.kmock)   # it did list
+
+
+async def test_a_report_admission_policy_reports_a_warn_failure_at_once(
+        emulator: Emulator, run_operator: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """spec.reportAdmission: a Warn failure served by the reconciling replica is in the report
+    before any scan could have seen the object (the interval is an hour); a dry run is not."""
+    monkeypatch.setenv("AP_AUDIT_INTERVAL", "1h")
+    for crd in yaml.safe_load_all(REPORT_CRDS.read_text()):
+        emulator.declare_crd(crd)
+    async with operator_running(run_operator):
+        await emulator.create(ADMISSION_POLICIES, policy_body(
+            "team-warn", enforcement="Warn", reportAdmission=True, match={"resources": [CREATE_POD_RULE]},
+            validations=[{"expression": "has(object.metadata.labels) && 'team' in object.metadata.labels",
+                          "message": "pods need a team"}]))
+        await wait_phase(emulator, "team-warn", "Active")
+        await wait_for(lambda: "scannedGeneration" in audit_status(emulator, "team-warn"), timeout=20)
+        config = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
+        assert config is not None
+        webhook = Webhook(ca_context(config["webhooks"][0]["clientConfig"]["caBundle"]),
+                          f"https://localhost:{env['AP_LISTEN_PORT']}")
+        dry = pod_request("dry-run", uid="b0c1a2d3-0000-4000-8000-000000000002")
+        dry["dryRun"] = True
+        for request in (dry, pod_request("no-team")):
+            response = await webhook.review("/validate", request)
+            assert response["allowed"] and response["warnings"], response
+
+        def admitted() -> list[dict[str, Any]]:
+            report = emulator.peek(REPORTS, reports.NAME, namespace="default") or {}
+            return [r for r in report.get("results", []) if r["properties"]["origin"] == "admission"]
+        await wait_for(lambda: admitted(), timeout=20)
+        (result,) = admitted()
+        assert (result["result"], result["policy"], result["message"]) == ("warn", "team-warn", "pods need a team")
+        assert result["resources"][0]["name"] == "no-team" and result["rule"] == "spec.validations[0]"

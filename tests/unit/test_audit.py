@@ -188,3 +188,24 @@ def test_report_content_ignores_server_fields_and_stays_equal_when_nothing_chang
     served = {**body, "metadata": {**body["metadata"], "resourceVersion": "7", "uid": "u"}}
     assert reports.content(served) == reports.content(reports.build_report("apps", first, {"fail": 1}))
     assert first[0].key == entries_for(pod("b"), [policy(validations=TEAM[:1])], seen=999)[0].key
+
+
+def test_an_admission_result_replaces_the_scans_result_for_its_object() -> None:
+    scanned = reports.Results()
+    ref = reports.ObjectRef("v1", "Pod", "web", "apps", "uid-1")
+    other = reports.ObjectRef("v1", "Pod", "db", "apps", "uid-2")
+    scanned.add(reports.Entry("team", "", "pass", "", ref, "Warn", 1))
+    scanned.add(reports.Entry("team", "spec.validations[0]", "warn", "x", other, "Warn", 1))
+    admitted = reports.Entry("team", "spec.validations[0]", "warn", "needs a team", reports.ObjectRef(
+        "v1", "Pod", "web", "apps"), "Warn", 2, reports.ORIGIN_ADMISSION)
+    merged = scanned.with_object(admitted.ref, [admitted])
+    assert merged.counts["apps"] == {"pass": 0, "warn": 2}
+    assert [(e.ref.name, e.origin) for e in merged.entries["apps"]] == [("db", "background"), ("web", "admission")]
+    assert scanned.counts["apps"] == {"pass": 1, "warn": 1}   # the scan's own results are left as they were
+
+
+def test_report_admission_is_a_boolean_naming_its_field() -> None:
+    assert policy(validations=TEAM, reportAdmission=True).policy.report_admission
+    assert not policy(validations=TEAM).policy.report_admission
+    with pytest.raises(api.PolicyError, match=r"spec.reportAdmission: must be true or false"):
+        policy(validations=TEAM, reportAdmission="yes")

@@ -26,8 +26,17 @@ from typing import Any, Final
 from kubernetes_asyncio import client
 
 from .. import api, reports
-from ..engine import CompiledPolicy, PolicySet
-from ..engine.background import Resource, audit_object, audits, background_request, user_info_reads
+from ..engine import AdmissionRequest, CompiledPolicy, Decision, PolicySet
+from ..engine.background import (
+    FAIL,
+    WARN,
+    AuditResult,
+    Resource,
+    audit_object,
+    audits,
+    background_request,
+    user_info_reads,
+)
 from . import metrics, registration
 from .kube import Discovery, call_json, resource_path
 from .reportwriter import ReportBook
@@ -38,7 +47,10 @@ from .webhookconfig import EXEMPT_LABEL, DiscoveredResource, listable_resources,
 logger = logging.getLogger(__name__)
 
 TICK: Final = 2.0          # how often the loop looks for a policy due (a new generation waits at most this)
-YIELD_EVERY: Final = 20    # objects judged between two yields to the event loop (admission shares it)
+YIELD_EVERY: Final = 10    # objects judged between two pauses that give the event loop to admission
+# Seconds of pause per second of scanning (listing and judging): 1.0 halves what a scan takes from the
+# operator's CPU and the API server, at twice its duration (bench/audit_scan.py prints both sides).
+REST_PER_BUSY: Final = 1.0
 LEADER_RECHECK: Final = 15.0   # seconds a "this replica reconciles" answer is trusted
 MAX_RELISTS: Final = 3     # a listing whose continue token expired starts over at most this often
 
@@ -66,6 +78,36 @@ class Auditor:
         self.scans: dict[str, Scan] = {}
         self.leading = False
         self._asked: tuple[float, bool] | None = None
+        # Admission results of reportAdmission policies, by policy and object, until a scan supersedes them.
+        self.admissions: dict[str, dict[tuple[str, str, str], tuple[reports.ObjectRef, list[reports.Entry]]]] = {}
+        self.admissions_changed = False
+
+    def admitted(self, request: AdmissionRequest, decision: Decision) -> None:
+        """Keep an Audit or Warn policy's failures at admission for the reports, when the policy
+        asks for it (``spec.reportAdmission``). Only the reconciling replica writes reports, so only
+        the requests it serves are reported at once; the others' objects are judged at the next scan."""
+        if not self.leading or request.dry_run or request.operation not in ("CREATE", "UPDATE") \
+                or request.sub_resource or not isinstance(request.object, Mapping):
+            return
+        for outcome in decision.outcomes:
+            if not outcome.failures or outcome.enforcement not in ("Audit", "Warn"):
+                continue
+            policy = self.store.policies.get(outcome.policy)
+            if policy is None or not policy.policy.report_admission:
+                continue
+            kind = request.raw.get("kind") if isinstance(request.raw.get("kind"), Mapping) else {}
+            assert isinstance(kind, Mapping)
+            ref = reports.ObjectRef.of(request.object, f"{request.group}/{request.version}" if request.group
+                                       else request.version, str(kind.get("kind") or ""), bool(request.namespace))
+            if not ref.name:
+                ref = dataclasses.replace(ref, name=request.name)
+            result = AuditResult(outcome.policy, outcome.enforcement, WARN if outcome.enforcement == "Warn" else FAIL,
+                                 outcome.findings, template_of=outcome.template_of)
+            kept = self.admissions.setdefault(outcome.policy, {})
+            if len(kept) < reports.MAX_RESULTS:
+                kept[ref.kind, ref.namespace, ref.name] = (
+                    ref, reports.entries(result, ref, int(time.time()), reports.ORIGIN_ADMISSION))
+                self.admissions_changed = True
 
     async def run(self) -> None:
         """Forever: a round every ``TICK``; a failed round is logged and tried again."""
@@ -89,17 +131,25 @@ class Auditor:
         if not await self._leads():
             if self.leading:   # another replica took over: start afresh should this one lead again
                 self.scans.clear()
+                self.admissions.clear()
                 self.book = ReportBook(self.api)
                 self.leading = False
             return
         self.leading = True
         policies = {policy.name: policy for policy in self.store.policies}
+        for name in set(self.admissions) - set(policies):
+            del self.admissions[name]
         for name in set(self.scans) - set(policies):
             del self.scans[name]
             self.book.drop(name)
             metrics.audit_forget(name)
             logger.info("AdmissionPolicy %s: its audit results are removed", name)
         due = [policy for name, policy in policies.items() if self._due(name)]
+        if self.admissions_changed:
+            self.admissions_changed = False
+            for name in self.admissions:
+                if name in self.scans:
+                    self.book.put(name, self._with_admissions(name, self.scans[name].results))
         if not (due or self.book.dirty or self.book.written is None):
             return   # nothing to scan or write: an idle round costs no API call
         discovered = await self.discovery.resources()
@@ -109,11 +159,27 @@ class Auditor:
             if self.store.policies.get(policy.name) is not policy:
                 continue   # changed or deleted during the scan: the next round scans it again
             self.scans[policy.name] = scan
-            self.book.put(policy.name, scan.results)
+            self._superseded(policy.name, scan)
+            self.book.put(policy.name, self._with_admissions(policy.name, scan.results))
             metrics.audit_scanned(policy.name, scan.status["objectsScanned"], scan.status["violations"],
                                   scan.status["scanSeconds"])
             await self._write_status(policy.name, scan.status)
         await self.book.flush(any(d.group == reports.GROUP and d.resource == reports.REPORTS for d in discovered))
+
+    def _with_admissions(self, name: str, results: reports.Results) -> reports.Results:
+        for ref, entries in self.admissions.get(name, {}).values():
+            results = results.with_object(ref, entries)
+        return results
+
+    def _superseded(self, name: str, scan: Scan) -> None:
+        """A scan judged every object admitted before it began: drop those admission results."""
+        began = int(time.time() - (scan.status["scanSeconds"] or 0)) - 1
+        kept = {key: value for key, value in self.admissions.get(name, {}).items()
+                if any(entry.seen >= began for entry in value[1])}
+        if kept:
+            self.admissions[name] = kept
+        else:
+            self.admissions.pop(name, None)
 
     async def _leads(self) -> bool:
         """Whether this replica reconciles, asked at most every ``LEADER_RECHECK`` seconds (the
@@ -142,6 +208,7 @@ class Auditor:
         problems: list[str] = []
         targets = listable_resources(registration.routes(policy), discovered) if audits(policy) else []
         single = PolicySet([policy])
+        busy_since = self.clock()
         for target in targets:
             try:
                 async for resource, item in list_objects(self.api, self.settings, target):
@@ -157,7 +224,8 @@ class Auditor:
                         if result.violates and len(violations) < self.settings.audit_violations_limit:
                             violations.append({**ref.as_dict(), "message": result.message})
                     if tally["scanned"] % YIELD_EVERY == 0:
-                        await asyncio.sleep(0)
+                        await asyncio.sleep((self.clock() - busy_since) * REST_PER_BUSY)
+                        busy_since = self.clock()
             except ListingError as exc:
                 problems.append(str(exc))
                 logger.warning("AdmissionPolicy %s: audit: %s", policy.name, exc)

@@ -57,6 +57,7 @@ class Operator:
     events: events.PolicyEvents
     decisions: DecisionLog = dataclasses.field(default_factory=DecisionLog)
     kopf_settings: kopf.OperatorSettings | None = None
+    auditor: audit.Auditor | None = None
     tasks: list[asyncio.Task[Any]] = dataclasses.field(default_factory=list)
     runners: list[Any] = dataclasses.field(default_factory=list)
 
@@ -142,7 +143,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     op.spawn("decision log", op.decisions.run())
     op.spawn("registration status", _follow_registration(op))
     op.spawn("certificate renewal", _renew_certificates(op))
-    op.spawn("background audit", audit.Auditor(api_client, config, store, op.discovery, op.reconciles).run())
+    op.auditor = audit.Auditor(api_client, config, store, op.discovery, op.reconciles)
+    op.spawn("background audit", op.auditor.run())
     op.spawn("heap freeze", _freeze_after_load(store))
     metrics.POLICIES.set_function(lambda: len(store.policies))   # read at scrape time
     metrics.REJECTED.set_function(lambda: len(store.rejected))
@@ -392,6 +394,8 @@ async def _decide(phase: Phase, webhook: str) -> None:
     metrics.observe(decision, request.operation, webhook, time.perf_counter() - started)
     exchange.decision = decision
     op.decisions.record(request, decision, webhook)
+    if phase is Phase.VALIDATE and decision.outcomes and op.auditor is not None:
+        op.auditor.admitted(request, decision)   # spec.reportAdmission: Audit/Warn failures into the reports
     if not decision.allowed and not request.dry_run:
         for outcome in decision.outcomes:
             if outcome.denied:
