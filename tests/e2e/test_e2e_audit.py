@@ -7,6 +7,7 @@ its results. The operator is the test's own, with a scan every few seconds.
 """
 from __future__ import annotations
 
+import json
 import pathlib
 from collections.abc import Callable
 from typing import Any
@@ -15,12 +16,14 @@ import pykube
 import pytest
 import requests
 import yaml
+from click.testing import CliRunner
 from e2e_kube import OWNED_LABEL, AdmissionPolicy, Cluster, OperatorProcess, Policies, eventually, policy_body, unique
 from prometheus_client.parser import text_string_to_metric_families
 from pykube.objects import APIObject, NamespacedAPIObject
 from replicas import replicas
 
 from admission_policy import reports
+from admission_policy.cli import main
 
 REPORT_CRDS = pathlib.Path(__file__).resolve().parents[2] / "charts" / "admission-policy-operator" / "files" / \
     "openreports-crds.yaml"
@@ -136,6 +139,17 @@ def test_existing_objects_are_audited_into_status_and_reports_and_cleared_when_f
                        for family in text_string_to_metric_families(metrics) for s in family.samples}
             assert samples[("admission_policy_audit_violations", policy)] == 4
             assert samples[("admission_policy_audit_objects_scanned", policy)] >= 5
+
+            # `admission-policy audit --kubeconfig`: the same results, offline, read only.
+            policy_file = tmp_path / "policy.yaml"
+            policy_file.write_text(yaml.safe_dump(audit_policy(policy, selector)))
+            cli = CliRunner().invoke(main, ["audit", "-p", str(policy_file), "--kubeconfig",
+                                            str(cluster.settings.kubeconfig), "-o", "json", "--progress", "never"])
+            assert cli.exit_code == 0, cli.output   # an Audit policy: violations do not fail the run
+            offline = {(item["kind"], item["metadata"].get("namespace")): item
+                       for item in json.loads(cli.stdout)["items"]}
+            assert failing(offline["Report", ns], policy) == failing(report, policy)
+            assert names["role"] in failing(offline["ClusterReport", None], policy)
 
             # Fixed and deleted objects leave status and report at the next scan.
             fixed = cluster.merge_patch(pykube.ConfigMap, names["fix"], {"metadata": {"labels": {"team": "b"}}},
