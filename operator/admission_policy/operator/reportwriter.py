@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,17 +21,22 @@ from .kube import call_json, resource_path
 
 logger = logging.getLogger(__name__)
 
+READ_BACKOFF = 60.0   # seconds before reading the reports again after a failure
+
 
 class ReportBook:
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
         self.results: dict[str, reports.Results] = {}
         self.dirty: set[str] = set()
+        self.failed: set[str] = set()   # written again after the next scan, not every round (a namespace being deleted)
         self.written: dict[str, Mapping[str, Any]] | None = None   # namespace → content; None: not read yet
+        self._read_again = 0.0
 
     def put(self, policy: str, results: reports.Results) -> None:
         old = self.results.get(policy)
-        self.dirty |= results.namespaces | (old.namespaces if old else set())
+        self.dirty |= results.namespaces | (old.namespaces if old else set()) | self.failed
+        self.failed.clear()
         self.results[policy] = results
 
     def drop(self, policy: str) -> None:
@@ -60,7 +66,15 @@ class ReportBook:
             self.written = None
             return 0
         if self.written is None:
-            self.written = await self._read_cluster()
+            if time.monotonic() < self._read_again:
+                return 0
+            try:
+                self.written = await self._read_cluster()
+            except client.ApiException as exc:   # RBAC, say: said once a minute, not every round
+                self._read_again = time.monotonic() + READ_BACKOFF
+                logger.warning("Reading the audit reports failed (trying again in %.0f s): %s", READ_BACKOFF,
+                               exc.reason)
+                return 0
             self.dirty |= set(self.written) | {ns for results in self.results.values() for ns in results.namespaces}
         writes = 0
         for namespace in sorted(self.dirty):
@@ -78,7 +92,7 @@ class ReportBook:
             except client.ApiException as exc:
                 logger.warning("Writing the audit report of %s failed (retried after the next scan): %s",
                                _where(namespace), exc.reason)
-                continue
+                self.failed.add(namespace)
             self.dirty.discard(namespace)
         return writes
 
