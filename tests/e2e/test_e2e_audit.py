@@ -96,7 +96,9 @@ def test_existing_objects_are_audited_into_status_and_reports_and_cleared_when_f
     timeout = cluster.settings.timeout
 
     with replicas(cluster, operator, tmp_path, request, 1, peering=False, proxy=False,
-                  env={"AP_AUDIT_INTERVAL": str(INTERVAL), "AP_AUDIT_VIOLATIONS_LIMIT": "3"},
+                  # Pages of 2: every listing goes through continue tokens, as a large cluster's does.
+                  env={"AP_AUDIT_INTERVAL": str(INTERVAL), "AP_AUDIT_VIOLATIONS_LIMIT": "3",
+                       "AP_AUDIT_PAGE_SIZE": "2"},
                   prefix="ap-e2e-audit") as group:
         (ours,) = group.processes
         applied = Policies(cluster)
