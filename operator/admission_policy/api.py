@@ -55,7 +55,7 @@ ACCEPTED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "": frozenset({"apiVersion", "kind", "metadata", "spec", "status"}),
     "spec": frozenset({
         "description", "enforcement", "failurePolicy", "match", "podControllers", "paramKind", "paramRef",
-        "context", "variables", "validations", "mutations",
+        "context", "variables", "validations", "mutations", "reportAdmission",
     }),
     "spec.paramKind": frozenset({"apiVersion", "kind"}),
     "spec.paramRef": frozenset({"name", "namespace", "selector", "parameterNotFoundAction"}),
@@ -79,7 +79,12 @@ ACCEPTED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "spec.mutations[]": frozenset({"name", "condition", "jsonPatch", "merge", "mergeMode", "plugin"}),
     "spec.mutations[].plugin": frozenset({"name", "config"}),
     "spec.mutations[].jsonPatch[]": frozenset({"op", "path", "from", "value", "valueExpression"}),
-    "status": frozenset({"phase", "observedGeneration", "conditions", "podControllers"}),
+    "status": frozenset({"phase", "observedGeneration", "conditions", "podControllers", "audit"}),
+    "status.audit": frozenset({
+        "lastScanTime", "scannedGeneration", "objectsScanned", "violations", "errors", "wouldMutate",
+        "scanSeconds", "message", "firstViolations",
+    }),
+    "status.audit.firstViolations[]": frozenset({"apiVersion", "kind", "namespace", "name", "uid", "message"}),
     "status.podControllers": frozenset({"kinds", "notApplied", "reason"}),
     "status.podControllers.notApplied[]": frozenset({"path", "reason"}),
     "status.conditions[]": frozenset({
@@ -288,6 +293,8 @@ class AdmissionPolicy:
     param_kind: ParamKind | None = None
     param_ref: ParamRef | None = None
     context: tuple[ContextEntry, ...] = ()
+    # Audit/Warn failures at admission also go to the audit reports (operator/audit.py).
+    report_admission: bool = False
 
     def expressions(self) -> list[Expression]:
         """Every CEL expression of the policy, in field order."""
@@ -376,6 +383,7 @@ def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionP
         validations=validations,
         mutations=mutations,
         pod_controllers=pod_controllers,
+        report_admission=_boolean(spec.get("reportAdmission", False), "spec.reportAdmission"),
     )
 
 
@@ -629,6 +637,12 @@ def _mapping(value: Any, path: str) -> Mapping[str, Any]:
 def _list(value: Any, path: str) -> Sequence[Any]:
     if not isinstance(value, list):
         raise PolicyError(path, f"must be a list, got {_type_name(value)}")
+    return value
+
+
+def _boolean(value: Any, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise PolicyError(path, f"must be true or false, got {_type_name(value)}")
     return value
 
 

@@ -211,11 +211,44 @@ def test_operator_cluster_role_is_exactly_what_the_operator_uses(chart: helm.Cha
         allow("admissionregistration.k8s.io", kind, "get list watch update", config)
     allow("kopf.dev", "clusterkopfpeerings", "list watch")
     allow("kopf.dev", "clusterkopfpeerings", "patch", peering)
+    # The background audit: list what policies match (audit.listResources), write its reports.
+    for group, resources in AUDIT_LISTED.items():
+        for resource in resources.split():
+            allow(group, resource, "list")
+    allow("openreports.io", "reports", "list create patch delete")
+    allow("openreports.io", "clusterreports", "list create patch delete")
     assert rules_of(role) == expected
 
     binding = next(d for d in all_of(docs, "ClusterRoleBinding") if d["roleRef"]["name"] == role["metadata"]["name"])
     sa = operator_deployment(docs)["spec"]["template"]["spec"]["serviceAccountName"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
+
+
+AUDIT_LISTED = {
+    "": "pods services configmaps serviceaccounts persistentvolumeclaims persistentvolumes replicationcontrollers "
+        "nodes",
+    "apps": "deployments replicasets statefulsets daemonsets",
+    "batch": "jobs cronjobs",
+    "networking.k8s.io": "ingresses networkpolicies",
+    "rbac.authorization.k8s.io": "roles rolebindings clusterroles clusterrolebindings",
+}
+
+
+def test_audit_settings_reach_the_operator_and_a_disabled_audit_gets_no_rbac(chart: helm.Chart) -> None:
+    env = env_of(operator_container(render(chart)))
+    audit = (env["AP_AUDIT_INTERVAL"], env["AP_AUDIT_PAGE_SIZE"], env["AP_AUDIT_VIOLATIONS_LIMIT"])
+    assert audit == ("5m", "500", "20")
+    docs = render(chart, {"audit": {"interval": 0, "pageSize": 100, "violationsLimit": 5}})
+    assert env_of(operator_container(docs))["AP_AUDIT_INTERVAL"] == "0"
+    groups = {group for group, *_ in rules_of(operator_cluster_role(docs))}
+    assert not groups & {"apps", "batch", "openreports.io"}, groups
+
+
+def test_report_crds_are_installed_only_when_asked(chart: helm.Chart) -> None:
+    def crds(values: dict) -> list[str]:
+        return sorted(d["metadata"]["name"] for d in render(chart, values) if d["kind"] == "CustomResourceDefinition")
+    assert crds({}) == []
+    assert crds({"reports": {"installCRDs": True}}) == ["clusterreports.openreports.io", "reports.openreports.io"]
 
 
 def test_extra_rules_are_appended(chart: helm.Chart) -> None:
@@ -413,6 +446,9 @@ def test_default_image_tag_is_the_app_version(chart: helm.Chart) -> None:
 
 EXPECTED_ENV = {
     "AP_NAMESPACE",
+    "AP_AUDIT_INTERVAL",
+    "AP_AUDIT_PAGE_SIZE",
+    "AP_AUDIT_VIOLATIONS_LIMIT",
     "AP_POD_NAME",
     "POD_ID",
     "AP_SERVICE_NAME",

@@ -447,6 +447,9 @@ class OperatorProcess:
             "AP_CERT_SECRET": self.settings.cert_secret,
             "AP_WEBHOOK_CONFIG_NAME": self.settings.webhook_config_name,
             "AP_LOG_LEVEL": os.environ.get("E2E_OPERATOR_LOG_LEVEL", "INFO"),
+            # No background audit unless a test asks for it (test_e2e_audit.py): its status and
+            # report writes would otherwise race what the other tests read.
+            "AP_AUDIT_INTERVAL": "0",
             **(env or {}),
         }
         self.process: subprocess.Popen[bytes] | None = None

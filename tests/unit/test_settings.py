@@ -151,3 +151,22 @@ def test_a_short_cert_lifetime_is_checked_and_switched_well_inside_its_last_thir
     assert settings.cert_check_interval == 3.0
     assert settings.cert_switch_grace == 3.0
     assert settings.cert_check_interval + settings.cert_switch_grace < settings.cert_lifetime / 3
+
+
+# --- the background audit (issue 14) ---------------------------------------------------------------------
+
+def test_audit_settings_default_to_a_scan_every_five_minutes() -> None:
+    settings = OperatorSettings.from_env({})
+    assert (settings.audit_interval, settings.audit_page_size, settings.audit_violations_limit) == (300, 500, 20)
+
+
+@pytest.mark.parametrize(("raw", "seconds"), [("0", 0), ("45", 45), ("30s", 30), ("5m", 300), ("1h", 3600)])
+def test_audit_interval_takes_seconds_or_a_unit_and_0_disables(raw: str, seconds: int) -> None:
+    assert OperatorSettings.from_env({"AP_AUDIT_INTERVAL": raw}).audit_interval == seconds
+
+
+@pytest.mark.parametrize(("name", "raw"), [("AP_AUDIT_INTERVAL", "8d"), ("AP_AUDIT_INTERVAL", "soon"),
+                                           ("AP_AUDIT_PAGE_SIZE", "0"), ("AP_AUDIT_VIOLATIONS_LIMIT", "501")])
+def test_bad_audit_settings_name_the_variable(name: str, raw: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        OperatorSettings.from_env({name: raw})

@@ -68,6 +68,7 @@ def main() -> None:
       admission-policy test -p policy.yaml pod.yaml      show what the policies do to an object
       admission-policy review -p policy.yaml review.json print the webhook's AdmissionReview response
       admission-policy lint policies/                    compile only, for CI (exit 2 on any error)
+      admission-policy audit -p policies/ manifests/     what existing objects violate (exit 1: Enforce)
       admission-policy plugins                           list installed plugins and feature gates
     Operator:
       admission-policy run                               run the operator (Kopf) with settings from flags/env
@@ -157,6 +158,77 @@ def review(policy_paths: Sequence[str], namespace_paths: Sequence[str], phase: s
         _fail(exc)
     decision = evaluate(policies, request, namespaces.get(request.namespace), Phase(phase), inputs=given)
     click.echo(json.dumps(build_response(decision, request.uid, request.api_version), indent=2))
+
+
+@main.command()
+@click.option("-p", "--policy", "policy_paths", multiple=True, type=click.Path(), required=True,
+              help="AdmissionPolicy file or directory (repeatable).")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None,
+              help="Audit a live cluster's objects (read only) instead of manifests.")
+@click.option("-o", "--output", type=click.Choice(["text", "json", "yaml"]), default="text", show_default=True,
+              help="A table per policy, or the openreports Reports the operator would write.")
+@click.option("--progress", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
+              help="A progress bar on standard error while listing a cluster (auto: when it is a terminal).")
+@_input_options
+@click.argument("paths", nargs=-1, type=click.Path())
+def audit(policy_paths: Sequence[str], kubeconfig: str | None, output: str, progress: str,
+          param_paths: Sequence[str], context_specs: Sequence[str], paths: Sequence[str]) -> None:
+    """Judge existing objects as the operator's background audit does.
+
+    \b
+    Objects: PATHs (files, directories, - for standard input; multi-document YAML and List
+    kinds), or with --kubeconfig every object the policies' rules name in that cluster
+    (paged lists; exempt namespaces and objects labelled policy-operator.dev/exempt=true are
+    skipped, as the operator skips them; AP_EXEMPT_NAMESPACES and AP_NAMESPACE are read).
+    Each object is evaluated as a background request: request.operation CREATE, no
+    oldObject, an empty request.userInfo; validations judge the object as it is, and
+    mutations are only reported ("would mutate"). Policies that read params or context get
+    them from --param and --context files, also against a cluster.
+
+    Exits 1 when an Enforce policy is violated (a CI gate for manifests), 2 for unusable
+    input, 0 otherwise.
+    """
+    import asyncio
+    import os
+    import time
+
+    import yaml
+
+    from .audit import audit_cluster, audit_manifests, progress_enabled, report_list, stderr_progress, table
+
+    try:
+        if kubeconfig is not None and paths:
+            raise InputError("give manifests (PATHs) or --kubeconfig, not both")
+        if kubeconfig is None and not paths:
+            raise InputError("nothing to audit: give manifests (PATHs, - for standard input) or --kubeconfig")
+        policies = load_policies(policy_paths)
+        if not policies:
+            raise InputError(f"no AdmissionPolicy found in {', '.join(policy_paths)}")
+        now = int(time.time())
+        given = _read_inputs(param_paths, context_specs)
+        if kubeconfig is None:
+            run = audit_manifests(policies, paths, now, given)
+        else:
+            try:
+                settings = OperatorSettings.from_env(os.environ)
+            except ValueError as exc:
+                raise InputError(str(exc)) from None
+            try:
+                run = asyncio.run(audit_cluster(policies, kubeconfig, now, settings,
+                                                stderr_progress(progress_enabled(progress)), given))
+            except InputError:
+                raise
+            except Exception as exc:
+                raise InputError(f"cannot audit the cluster of {kubeconfig}: {type(exc).__name__}: {exc}") from None
+    except InputError as exc:
+        _fail(exc, "json" if output == "json" else "text")
+    if output == "text":
+        click.echo(table(run))
+    elif output == "json":
+        click.echo(dump_json(report_list(run)))
+    else:
+        click.echo(yaml.safe_dump(report_list(run), sort_keys=False), nl=False)
+    sys.exit(1 if run.enforce_violated else 0)
 
 
 @main.command()
@@ -303,6 +375,11 @@ _RUN_FLAGS: list[tuple[str, str, str]] = [
     ("--webhook-config-name", "AP_WEBHOOK_CONFIG_NAME", "Name of both webhook configurations."),
     ("--feature-gates", "AP_FEATURE_GATES",
      "Comma-separated Name=true|false; see `admission-policy plugins` for the gates and their defaults."),
+    ("--audit-interval", "AP_AUDIT_INTERVAL",
+     "Time between background scans of each policy's existing objects (e.g. 300, 5m; 0 disables). Default 5m."),
+    ("--audit-page-size", "AP_AUDIT_PAGE_SIZE", "Objects per list page in the background scan (1-10000)."),
+    ("--audit-violations-limit", "AP_AUDIT_VIOLATIONS_LIMIT",
+     "Violations listed in each policy's status.audit (0-500; the count is always complete)."),
 ]
 
 

@@ -36,6 +36,11 @@ def resource_of(body: Mapping[str, Any]) -> dict[str, str]:
     return {"group": group, "version": version, "resource": plural}
 
 
+def is_namespaced(kind: str) -> bool:
+    """Offline, without discovery: the built-in cluster-scoped kinds are known, the rest are namespaced."""
+    return kind not in _CLUSTER_KINDS
+
+
 def build_review(
     *,
     operation: str,

@@ -43,6 +43,16 @@ class Phase(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
+class Finding:
+    """One failed validation, for reports that say which rule failed: ``rule`` is the
+    validation's path (``spec.validations[2]``); ``error`` when it could not be evaluated
+    (failurePolicy Fail) rather than evaluated false."""
+    rule: str
+    message: str
+    error: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class PolicyOutcome:
     """What one matching policy did to the request: for reports, metrics and events."""
     policy: str
@@ -52,6 +62,7 @@ class PolicyOutcome:
     mutated: bool = False
     denied: bool = False              # this policy denies the request
     template_of: str = ""             # a Pod policy on a workload: 'Deployment "web"', whose Pod template it judged
+    findings: tuple[Finding, ...] = ()   # the failures again, each with its validation (see Finding)
 
     @property
     def result(self) -> str:
@@ -146,6 +157,11 @@ class _Record:
     mutated: bool = False
     fatal: bool = False    # an error under failurePolicy Fail outside validations: deny
     reason: str = ""
+    findings: list[Finding] = dataclasses.field(default_factory=list)
+
+    def failed(self, path: str, message: str, error: bool = False) -> None:
+        self.failures.append(message)
+        self.findings.append(Finding(_rule(path), message, error))
 
 
 class _Run:
@@ -421,13 +437,14 @@ class _Run:
                                                   "not a list of failures (str or Failure)")
         except PluginCallError as error:
             if self.fail(policy, error):
-                record.failures.append(str(error))
+                record.failed(bound.path, str(error), error=True)
                 record.reason = record.reason or "Forbidden"
             return
         self._result(bound.name, "failed" if result else "passed")
         if result:
             record.reason = record.reason or validation.spec.reason
-            record.failures.extend(str(failure) for failure in result)
+            for failure in result:
+                record.failed(bound.path, str(failure))
 
     def validate(self, policy: CompiledPolicy) -> None:
         if not self.selected(policy):
@@ -460,7 +477,7 @@ class _Run:
                     continue
             except CelEvaluationError as error:
                 if self.fail(policy, error):
-                    record.failures.append(f"{error.path}: {error.message}{self._with_param()}")
+                    record.failed(validation.path, f"{error.path}: {error.message}{self._with_param()}", error=True)
                     record.reason = record.reason or "Forbidden"
                 continue
             self._failed(policy, validation, scope)
@@ -473,12 +490,12 @@ class _Run:
             try:
                 text = scope.evaluate(validation.message)
                 if isinstance(text, str) and text.strip():
-                    record.failures.append(text)
+                    record.failed(validation.path, text)
                     return
             except CelEvaluationError as error:
                 record.errors.append(str(error))
         source = validation.check.expression.source.strip() if validation.check is not None else validation.path
-        record.failures.append(validation.spec.message or f"failed expression: {source}")
+        record.failed(validation.path, validation.spec.message or f"failed expression: {source}")
 
     def scope(self, policy: CompiledPolicy) -> _Scope:
         return _Scope(self, policy)
@@ -545,7 +562,7 @@ class _Run:
             if denied and not reason:
                 reason = record.reason or "Forbidden"
             outcomes.append(PolicyOutcome(name, enforcement, tuple(record.failures), tuple(record.errors),
-                                          record.mutated, denied, workload))
+                                          record.mutated, denied, workload, tuple(record.findings)))
         patch: tuple[Mapping[str, Any], ...] = ()
         if self.object is not self.request.object and not denials:
             patch = tuple(diff(self.request.object, self.object))
@@ -613,6 +630,12 @@ class _Scope:
             raise
         self.values[name] = value
         self.activation = None
+
+
+def _rule(path: str) -> str:
+    """``spec.validations[2]`` of ``spec.validations[2].messageExpression`` (or of ``.plugin``)."""
+    end = path.find("]")
+    return path[:end + 1] if path.startswith("spec.validations[") and end > 0 else path
 
 
 def _bound(body: Any, managed_fields: bool) -> Any:

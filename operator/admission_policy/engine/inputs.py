@@ -63,8 +63,8 @@ class StaticInputs:
 
     def context(self, entry: api.ContextEntry, namespace: str | None) -> Listing:
         if entry.name not in self.context_objects:
-            return Listing(problem=f"no objects were supplied for context {entry.name!r} (give them, even an "
-                                   "empty list, in the test case's context)")
+            return Listing(problem=f"no objects were supplied for context {entry.name!r} (give them, even none, in "
+                                   f"a test case's context or with --context {entry.name}=FILE_OR_DIR)")
         selector = entry.source.label_selector
         return Listing(tuple(body for body in self.context_objects[entry.name]
                              if _in_namespace(body, namespace) and selector.matches(labels_of(body))))

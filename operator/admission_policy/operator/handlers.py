@@ -26,7 +26,7 @@ from kubernetes_asyncio import client
 
 from .. import api, features
 from ..engine import CompiledPolicy, Decision, Phase, PolicyCompileError, evaluate
-from . import certificates, conditions, events, metrics, registration, watcher
+from . import audit, certificates, conditions, events, metrics, registration, watcher
 from .decisions import DecisionLog
 from .kube import Discovery, leads_peering, new_api_client
 from .settings import OperatorSettings
@@ -60,6 +60,7 @@ class Operator:
     sources: Sources
     decisions: DecisionLog = dataclasses.field(default_factory=DecisionLog)
     kopf_settings: kopf.OperatorSettings | None = None
+    auditor: audit.Auditor | None = None
     tasks: list[asyncio.Task[Any]] = dataclasses.field(default_factory=list)
     runners: list[Any] = dataclasses.field(default_factory=list)
 
@@ -148,6 +149,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     op.spawn("decision log", op.decisions.run())
     op.spawn("registration status", _follow_registration(op))
     op.spawn("certificate renewal", _renew_certificates(op))
+    op.auditor = audit.Auditor(api_client, config, store, op.discovery, op.reconciles, inputs=sources)
+    op.spawn("background audit", op.auditor.run())
     op.spawn("heap freeze", _freeze_after_load(store))
     op.spawn("params and context caches", sources.run())
     op.spawn("inputs status", _follow_inputs(op))
@@ -460,6 +463,8 @@ async def _decide(phase: Phase, webhook: str) -> None:
     metrics.observe(decision, request.operation, webhook, time.perf_counter() - started)
     exchange.decision = decision
     op.decisions.record(request, decision, webhook)
+    if phase is Phase.VALIDATE and decision.outcomes and op.auditor is not None:
+        op.auditor.admitted(request, decision)   # spec.reportAdmission: Audit/Warn failures into the reports
     if not decision.allowed and not request.dry_run:
         for outcome in decision.outcomes:
             if outcome.denied:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import logging
 import time
 from typing import Any
@@ -14,9 +15,13 @@ from .webhookconfig import DiscoveredResource
 logger = logging.getLogger(__name__)
 
 
-async def new_api_client() -> client.ApiClient:
-    """In-cluster credentials when running in a pod, the kubeconfig otherwise (like Kopf)."""
+async def new_api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """In-cluster credentials when running in a pod, the kubeconfig otherwise (like Kopf);
+    with ``kubeconfig``, that file's current context."""
     configuration = client.Configuration()
+    if kubeconfig is not None:
+        await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        return client.ApiClient(configuration=configuration)
     try:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except config.ConfigException:
@@ -130,3 +135,30 @@ def _resources(group: str, version: str, listing: dict[str, Any]) -> list[Discov
                                subresources=tuple(sorted(subresources.get(name, ()))),
                                namespaced=bool(item.get("namespaced", True)), kind=str(item.get("kind", "")))
             for name, item in mains.items()]
+
+
+async def call_json(api: client.ApiClient, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
+                    body: Any = None, content_type: str = "application/json") -> tuple[int, Any]:
+    """One API call on a path of any resource (the typed clients know only built-in kinds):
+    the HTTP status and the decoded JSON body, whatever the status (the caller decides)."""
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = content_type
+    response: Any = await api.call_api(path, method, query_params=query or [], header_params=headers, body=body,
+                                       auth_settings=["BearerToken"], _preload_content=False)
+    try:
+        data = await response.read()
+    finally:
+        response.release()
+    try:
+        decoded = json.loads(data) if data else None
+    except ValueError:
+        decoded = {"message": data[:500].decode("utf-8", "replace")}
+    return int(response.status), decoded
+
+
+def resource_path(group: str, version: str, resource: str, namespace: str = "", name: str = "") -> str:
+    """``/api/v1/namespaces/NS/pods/NAME``, ``/apis/GROUP/VERSION/RESOURCE`` and the like."""
+    base = f"/apis/{group}/{version}" if group else f"/api/{version}"
+    where = f"/namespaces/{namespace}" if namespace else ""
+    return f"{base}{where}/{resource}" + (f"/{name}" if name else "")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -20,6 +21,30 @@ POLICIES = Gauge("admission_policy_policies_loaded", "AdmissionPolicies loaded a
                  registry=REGISTRY)
 REJECTED = Gauge("admission_policy_policies_rejected", "AdmissionPolicy generations that failed to compile.",
                  registry=REGISTRY)
+
+# The background audit's last scan of each policy (operator/audit.py); only the reconciling
+# replica scans, so only its series are non-empty.
+AUDIT_VIOLATIONS = Gauge("admission_policy_audit_violations", "Objects the last background scan found "
+                         "violating the policy.", ["policy"], registry=REGISTRY)
+AUDIT_OBJECTS = Gauge("admission_policy_audit_objects_scanned", "Objects the last background scan of the policy "
+                      "listed and judged.", ["policy"], registry=REGISTRY)
+AUDIT_SECONDS = Gauge("admission_policy_audit_scan_seconds", "How long the last background scan of the policy "
+                      "took.", ["policy"], registry=REGISTRY)
+_AUDIT_GAUGES = (AUDIT_VIOLATIONS, AUDIT_OBJECTS, AUDIT_SECONDS)
+
+
+def audit_scanned(policy: str, objects: int, violations: int, seconds: float) -> None:
+    AUDIT_OBJECTS.labels(policy).set(objects)
+    AUDIT_VIOLATIONS.labels(policy).set(violations)
+    AUDIT_SECONDS.labels(policy).set(seconds)
+
+
+def audit_forget(policy: str) -> None:
+    """A deleted policy's series go with it (a stale gauge would still alert)."""
+    for gauge in _AUDIT_GAUGES:
+        with contextlib.suppress(KeyError):
+            gauge.remove(policy)
+
 
 NO_POLICY = "(none)"
 

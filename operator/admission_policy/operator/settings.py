@@ -23,6 +23,7 @@ _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 # 30 s: a renewal (at 20 s) has 10 s left to reach every replica; 10 years: Go's x509 handles any date.
 MIN_CERT_LIFETIME = 30
 MAX_CERT_LIFETIME = 3650 * 86400
+MAX_AUDIT_INTERVAL = 7 * 86400
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +53,11 @@ class OperatorSettings:
     pod_name: str = dataclasses.field(default_factory=socket.gethostname)
     peering_name: str = "admission-policy-operator"
     feature_gates: str = ""   # Name=true,Other=false (admission_policy.features)
+    # The background audit (operator/audit.py): seconds between scans of each policy (0: no
+    # scans), objects per list page (what the scan holds at once), violations listed in status.
+    audit_interval: int = 300
+    audit_page_size: int = 500
+    audit_violations_limit: int = 20
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> OperatorSettings:
@@ -87,6 +93,10 @@ class OperatorSettings:
             pod_name=_get(environ, "AP_POD_NAME", d.pod_name, _text),
             peering_name=_get(environ, "AP_PEERING_NAME", d.peering_name, _dns_subdomain),
             feature_gates=_get(environ, "AP_FEATURE_GATES", d.feature_gates, _feature_gates),
+            audit_interval=_get(environ, "AP_AUDIT_INTERVAL", d.audit_interval, _duration(0, MAX_AUDIT_INTERVAL)),
+            audit_page_size=_get(environ, "AP_AUDIT_PAGE_SIZE", d.audit_page_size, _int_range(1, 10_000)),
+            audit_violations_limit=_get(environ, "AP_AUDIT_VIOLATIONS_LIMIT", d.audit_violations_limit,
+                                        _int_range(0, 500)),
         )
 
     @property

@@ -140,6 +140,25 @@ def unserved_resources(routes: Iterable[RouteRule], discovered: Collection[Disco
     return sorted(problems)
 
 
+def listable_resources(routes: Iterable[RouteRule], discovered: Collection[DiscoveredResource],
+                       operation: str = "CREATE") -> list[DiscoveredResource]:
+    """The served main resources these routes send for ``operation`` (or ``*``), as the webhook
+    rules expand them (wildcards from discovery, never the never-routed ones): what the background
+    audit lists."""
+    index = _Discovery(discovered)
+    found: dict[tuple[str, str], DiscoveredResource] = {}
+    for route in routes:
+        if operation not in route.operations and "*" not in route.operations:
+            continue
+        for group in route.api_groups:
+            for resource in route.resources:
+                for target_group, _, target in _expand(group, resource, route.api_versions, index):
+                    served = index.by_key.get((target_group, target))   # a subresource is not listed
+                    if served is not None:
+                        found[target_group, target] = served
+    return [found[key] for key in sorted(found)]
+
+
 def never_judged(settings: OperatorSettings, group: str, resource: str, namespace: str, name: str) -> bool:
     """A request no user policy may decide, should the API server send it anyway (a webhook
     configuration edited by hand, an API server without matchConditions): the same exclusions

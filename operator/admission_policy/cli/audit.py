@@ -1,0 +1,213 @@
+"""``admission-policy audit``: the background scan's evaluation, offline.
+
+Objects come from manifests (files, directories, ``-``, multi-document YAML, ``List`` kinds) or
+from a live cluster (``--kubeconfig``: paged lists of what each policy's rules name). Each one is
+judged by ``engine.background.audit_object`` — what the operator's scan runs — and the results
+become the same openreports reports the operator writes (``reports``).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import click
+
+from .. import api, reports
+from ..engine import CompiledPolicy, Inputs, PolicySet
+from ..engine.background import FAIL, PASS, AuditResult, Resource, audit_object, audits, background_request
+from ..operator.settings import OperatorSettings
+from .documents import InputError, documents_in
+from .requests import is_namespaced, namespace_object, resource_of
+from .suite import is_suite
+
+DEFAULT_NAMESPACE: Final = "default"
+ProgressFn = Callable[[str, int, int | None], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """An object to judge and what it is."""
+    source: str
+    body: dict[str, Any]
+    resource: Resource
+
+
+@dataclasses.dataclass
+class PolicyTally:
+    """One policy's results, for the table."""
+    enforcement: str
+    objects: int = 0
+    counts: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    rows: list[tuple[str, str, str, str]] = dataclasses.field(default_factory=list)   # result, object, rule, message
+
+
+@dataclasses.dataclass
+class AuditRun:
+    """Every object's results: per policy for the table, per namespace for the reports."""
+    policies: PolicySet
+    now: int
+    inputs: Inputs | None = None   # params and context, from files (--param, --context)
+    tallies: dict[str, PolicyTally] = dataclasses.field(default_factory=dict)
+    results: reports.Results = dataclasses.field(default_factory=reports.Results)
+    scanned: int = 0
+
+    def judge(self, target: Target, namespace: Mapping[str, Any] | None) -> None:
+        self.scanned += 1
+        ref = reports.ObjectRef.of(target.body, target.resource.api_version, target.resource.kind,
+                                   target.resource.namespaced)
+        for result in audit_object(self.policies, background_request(target.body, target.resource), namespace,
+                                   self.inputs):
+            self._record(result, ref)
+
+    def _record(self, result: AuditResult, ref: reports.ObjectRef) -> None:
+        tally = self.tallies.setdefault(result.policy, PolicyTally(result.enforcement))
+        tally.objects += 1
+        tally.counts[result.result] += 1
+        where = f"{ref.kind} {ref.namespace + '/' if ref.namespace else ''}{ref.name}"
+        for entry in reports.entries(result, ref, self.now):
+            self.results.add(entry)
+            if entry.result != PASS or entry.would_mutate:
+                tally.rows.append((entry.result, where, entry.rule or "-", entry.message))
+
+    @property
+    def enforce_violated(self) -> bool:
+        return any(tally.enforcement == "Enforce" and tally.counts[FAIL] for tally in self.tallies.values())
+
+
+def manifest_targets(paths: Iterable[str]) -> Iterator[Target]:
+    """The objects in files and directories (policies and Namespaces are not audited: they are inputs)."""
+    for root in paths:
+        for document in documents_in(root, allow_empty=Path(root).is_dir()):
+            if is_suite(document):   # an `admission-policy test` suite beside the manifests
+                continue
+            for index, body in enumerate(_expand_lists(document.body, document.source)):
+                source = document.source if index == 0 else f"{document.source}[{index}]"
+                if not isinstance(body, dict) or not body.get("kind") or not body.get("apiVersion"):
+                    raise InputError(f"{source}: expected a Kubernetes object with apiVersion and kind")
+                if body.get("kind") == api.KIND:
+                    continue
+                yield _target(source, body)
+
+
+def _expand_lists(body: Any, source: str) -> list[Any]:
+    """A ``List`` (``kubectl get -o yaml``) stands for its items."""
+    if isinstance(body, dict) and str(body.get("kind", "")).endswith("List") and "items" in body:
+        items = body.get("items")
+        if not isinstance(items, list):
+            raise InputError(f"{source}: {body.get('kind')}.items must be a list")
+        return [item for item in items if item is not None]
+    return [body]
+
+
+def _target(source: str, body: dict[str, Any]) -> Target:
+    gvr = resource_of(body)
+    kind = str(body.get("kind"))
+    namespaced = is_namespaced(kind)
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise InputError(f"{source}: metadata must be a mapping")
+    if namespaced and not (metadata or {}).get("namespace"):   # as kubectl applies it: to the default namespace
+        body = {**body, "metadata": {**(metadata or {}), "namespace": DEFAULT_NAMESPACE}}
+    return Target(source, body, Resource(gvr["group"], gvr["version"], gvr["resource"], kind, namespaced))
+
+
+def namespaces_of(targets: list[Target]) -> dict[str, Mapping[str, Any]]:
+    """Namespace objects among the manifests, by name, for namespaceSelector and namespaceObject."""
+    return {str(t.body["metadata"]["name"]): t.body for t in targets
+            if t.resource.kind == "Namespace" and isinstance(t.body.get("metadata"), dict)
+            and t.body["metadata"].get("name")}
+
+
+def audit_manifests(policies: list[CompiledPolicy], paths: Iterable[str], now: int,
+                    inputs: Inputs | None = None) -> AuditRun:
+    targets = list(manifest_targets(paths))
+    namespaces = namespaces_of(targets)
+    run = AuditRun(PolicySet(policies), now, inputs)
+    for target in targets:
+        namespace = target.body["metadata"]["namespace"] if target.resource.namespaced else ""
+        run.judge(target, namespaces.get(namespace) or (namespace_object(namespace, {}) if namespace else None))
+    return run
+
+
+async def audit_cluster(policies: list[CompiledPolicy], kubeconfig: str | None, now: int,
+                        settings: OperatorSettings, progress: ProgressFn, inputs: Inputs | None = None) -> AuditRun:
+    """List what the policies' rules name in a live cluster, page by page as the operator does,
+    and judge it here: nothing is written to the cluster."""
+    from ..operator.audit import display, list_objects
+    from ..operator.kube import Discovery, call_json, new_api_client
+    from ..operator.registration import routes
+    from ..operator.webhookconfig import listable_resources
+
+    run = AuditRun(PolicySet(policies), now, inputs)
+    api_client = await new_api_client(kubeconfig)
+    async with api_client:
+        discovered = await Discovery(api_client).resources()
+        status, listing = await call_json(api_client, "GET", "/api/v1/namespaces")
+        if status != 200:
+            message = listing.get("message", "") if isinstance(listing, Mapping) else ""
+            raise InputError(f"cannot list the cluster's namespaces: {status} {message}".strip())
+        namespaces = {str(item["metadata"]["name"]): item for item in listing.get("items") or []}
+        targets = {(t.group, t.resource): t for policy in policies if audits(policy)
+                   for t in listable_resources(routes(policy), discovered)}
+        for key in sorted(targets):
+            target = targets[key]
+            what = display(target)
+            async for resource, item in list_objects(api_client, settings, target, functools.partial(progress, what)):
+                namespace = str(item["metadata"].get("namespace") or "") if resource.namespaced else ""
+                run.judge(Target(what, item, resource), namespaces.get(namespace))
+    return run
+
+
+def table(run: AuditRun) -> str:
+    """Per policy: a summary line and a row per failure, warning, error or would-be mutation."""
+    lines: list[str] = []
+    for policy in run.policies:
+        tally = run.tallies.get(policy.name)
+        if tally is None:
+            note = "" if audits(policy) else " (no rule names CREATE: nothing to audit)"
+            lines.append(f"{policy.name} ({policy.policy.enforcement}): no object matched{note}")
+            continue
+        counts = ", ".join(f"{tally.counts[name]} {name}" for name in ("fail", "warn", "error", "pass")
+                           if tally.counts[name])
+        lines.append(f"{policy.name} ({tally.enforcement}): {tally.objects} object(s): {counts}")
+        if tally.rows:
+            widths = [max(len(row[i]) for row in tally.rows) for i in range(3)]
+            heading = ("RESULT", "OBJECT", "RULE")
+            widths = [max(w, len(h)) for w, h in zip(widths, heading, strict=True)]
+            lines.append("  " + "  ".join(h.ljust(w) for h, w in zip(heading, widths, strict=True)) + "  MESSAGE")
+            for row in tally.rows:
+                lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row[:3], widths, strict=True))
+                             + f"  {row[3]}")
+    lines.append(f"\n{run.scanned} object(s) audited against {len(run.policies)} policy(ies)"
+                 + ("; an Enforce policy is violated" if run.enforce_violated else ""))
+    return "\n".join(lines)
+
+
+def report_list(run: AuditRun) -> dict[str, Any]:
+    """The reports the operator would write, as one ``List`` (``kubectl apply -f`` reads it)."""
+    return {"apiVersion": "v1", "kind": "List", "items": reports.build_reports(run.results)}
+
+
+def stderr_progress(enabled: bool) -> ProgressFn:
+    """A one-line progress bar on standard error (where it never mixes with the report)."""
+    def show(what: str, done: int, total: int | None) -> None:
+        if not enabled:
+            return
+        if total:
+            filled = int(30 * min(done, total) / total)
+            bar = f"[{'#' * filled}{'.' * (30 - filled)}] {done}/{total}"
+        else:
+            bar = f"{done}"
+        click.echo(f"\r{what}: {bar}\x1b[K", err=True, nl=False)
+        if total is not None and done >= total:
+            click.echo("", err=True)
+    return show
+
+
+def progress_enabled(choice: str) -> bool:
+    return choice == "always" or (choice == "auto" and sys.stderr.isatty())

@@ -1,0 +1,141 @@
+"""The background audit loop with Kopf running against the emulator (the e2e test covers the real API server)."""
+from __future__ import annotations
+
+import asyncio
+import pathlib
+from typing import Any
+
+import kmock
+import pytest
+import yaml
+from emulator import ADMISSION_POLICIES, CONFIGMAPS, VALIDATING_WEBHOOK_CONFIGURATIONS, Emulator, wait_for
+from operator_env import (
+    CONFIG_NAME,
+    CREATE_POD_RULE,
+    NAMESPACE,
+    Webhook,
+    ca_context,
+    operator_environment,
+    operator_running,
+    pod_request,
+    policy_body,
+    wait_phase,
+)
+
+from admission_policy import reports
+
+REPORT_CRDS = pathlib.Path(__file__).parents[2] / "charts" / "admission-policy-operator" / "files" / \
+    "openreports-crds.yaml"
+REPORTS = f"{reports.API_VERSION}/{reports.REPORTS}"
+CONFIGMAP_RULE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"],
+                  "operations": ["CREATE", "UPDATE"]}
+TEAM = [{"expression": "has(object.metadata.labels) && 'team' in object.metadata.labels",
+         "message": "a team label is required"}]
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> dict[str, str]:
+    env = operator_environment(monkeypatch, tmp_path / "certs")
+    monkeypatch.setenv("AP_AUDIT_INTERVAL", "1")
+    return env
+
+
+def configmap(name: str, namespace: str = "apps", **labels: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace,
+                                                                  "labels": labels}}
+
+
+def audit_status(emulator: Emulator, name: str) -> dict[str, Any]:
+    return dict(((emulator.peek(ADMISSION_POLICIES, name) or {}).get("status") or {}).get("audit") or {})
+
+
+async def test_existing_objects_are_scanned_into_status_and_one_report_written_once(
+        emulator: Emulator, run_operator: Any, env: dict[str, str]) -> None:
+    for crd in yaml.safe_load_all(REPORT_CRDS.read_text()):
+        emulator.declare_crd(crd)
+    emulator.kmock.put_object(CONFIGMAPS, configmap("bad"))
+    emulator.kmock.put_object(CONFIGMAPS, configmap("good", team="a"))
+    emulator.kmock.put_object(CONFIGMAPS, configmap("exempt", **{"policy-operator.dev/exempt": "true"}))
+    emulator.kmock.put_object(CONFIGMAPS, configmap("ours", namespace=NAMESPACE))   # the operator's namespace
+    async with operator_running(run_operator):
+        await emulator.create(ADMISSION_POLICIES, policy_body(
+            "team", enforcement="Audit", match={"resources": [CONFIGMAP_RULE]}, validations=TEAM))
+        await wait_phase(emulator, "team", "Active")
+        await wait_for(lambda: audit_status(emulator, "team").get("violations") == 1, timeout=20)
+        status = audit_status(emulator, "team")
+        assert status["objectsScanned"] == 2 and status["scannedGeneration"] == 1, status
+        assert status["firstViolations"] == [{"apiVersion": "v1", "kind": "ConfigMap", "namespace": "apps",
+                                              "name": "bad", "uid": status["firstViolations"][0]["uid"],
+                                              "message": "a team label is required"}]
+        await wait_for(lambda: emulator.peek(REPORTS, reports.NAME, namespace="apps") is not None, timeout=20)
+        report = emulator.peek(REPORTS, reports.NAME, namespace="apps")
+        assert report is not None
+        assert report["summary"]["fail"] == 1 and report["summary"]["pass"] == 1
+        assert emulator.peek(REPORTS, reports.NAME, namespace=NAMESPACE) is None
+
+        # Idle: scans go on (status.audit is rewritten), the report is not.
+        written = report["metadata"]["resourceVersion"]
+        scanned = status["lastScanTime"]
+        await wait_for(lambda: audit_status(emulator, "team").get("lastScanTime") != scanned, timeout=20)
+        await asyncio.sleep(2.5)
+        again = emulator.peek(REPORTS, reports.NAME, namespace="apps")
+        assert again is not None and again["metadata"]["resourceVersion"] == written
+
+        # A new generation is rescanned at once, and its results replace the old ones.
+        await emulator.patch(ADMISSION_POLICIES, "team", {"spec": {"validations": [
+            {"expression": "object.metadata.name != 'good'", "message": "not good"}]}})
+        await wait_for(lambda: audit_status(emulator, "team").get("scannedGeneration") == 2, timeout=20)
+        assert [v["name"] for v in audit_status(emulator, "team")["firstViolations"]] == ["good"]
+        await wait_for(lambda: [r["resources"][0]["name"] for r in (emulator.peek(
+            REPORTS, reports.NAME, namespace="apps") or {}).get("results", []) if r["result"] == "fail"] == ["good"],
+            timeout=20)
+
+        # A deleted policy's report goes.
+        await emulator.delete(ADMISSION_POLICIES, "team")
+        await wait_for(lambda: emulator.peek(ADMISSION_POLICIES, "team") is None, timeout=20)
+        await wait_for(lambda: emulator.peek(REPORTS, reports.NAME, namespace="apps") is None, timeout=20)
+
+
+async def test_without_the_report_crds_only_the_status_is_written(
+        emulator: Emulator, run_operator: Any, env: dict[str, str]) -> None:
+    emulator.kmock.put_object(CONFIGMAPS, configmap("bad"))
+    async with operator_running(run_operator):
+        await emulator.create(ADMISSION_POLICIES, policy_body(
+            "team", enforcement="Warn", match={"resources": [CONFIGMAP_RULE]}, validations=TEAM))
+        await wait_for(lambda: audit_status(emulator, "team").get("violations") == 1, timeout=20)
+    ours = {kmock.resource(REPORTS), kmock.resource(f"{reports.API_VERSION}/{reports.CLUSTER_REPORTS}")}
+    assert [r for r in emulator.kmock if r.resource in ours] == []
+    assert any(r.resource == kmock.resource(CONFIGMAPS) for r in emulator.kmock)   # it did list
+
+
+async def test_a_report_admission_policy_reports_a_warn_failure_at_once(
+        emulator: Emulator, run_operator: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """spec.reportAdmission: a Warn failure served by the reconciling replica is in the report
+    before any scan could have seen the object (the interval is an hour); a dry run is not."""
+    monkeypatch.setenv("AP_AUDIT_INTERVAL", "1h")
+    for crd in yaml.safe_load_all(REPORT_CRDS.read_text()):
+        emulator.declare_crd(crd)
+    async with operator_running(run_operator):
+        await emulator.create(ADMISSION_POLICIES, policy_body(
+            "team-warn", enforcement="Warn", reportAdmission=True, match={"resources": [CREATE_POD_RULE]},
+            validations=[{"expression": "has(object.metadata.labels) && 'team' in object.metadata.labels",
+                          "message": "pods need a team"}]))
+        await wait_phase(emulator, "team-warn", "Active")
+        await wait_for(lambda: "scannedGeneration" in audit_status(emulator, "team-warn"), timeout=20)
+        config = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
+        assert config is not None
+        webhook = Webhook(ca_context(config["webhooks"][0]["clientConfig"]["caBundle"]),
+                          f"https://localhost:{env['AP_LISTEN_PORT']}")
+        dry = pod_request("dry-run", uid="b0c1a2d3-0000-4000-8000-000000000002")
+        dry["dryRun"] = True
+        for request in (dry, pod_request("no-team")):
+            response = await webhook.review("/validate", request)
+            assert response["allowed"] and response["warnings"], response
+
+        def admitted() -> list[dict[str, Any]]:
+            report = emulator.peek(REPORTS, reports.NAME, namespace="default") or {}
+            return [r for r in report.get("results", []) if r["properties"]["origin"] == "admission"]
+        await wait_for(lambda: admitted(), timeout=20)
+        (result,) = admitted()
+        assert (result["result"], result["policy"], result["message"]) == ("warn", "team-warn", "pods need a team")
+        assert result["resources"][0]["name"] == "no-team" and result["rule"] == "spec.validations[0]"
