@@ -42,7 +42,7 @@ SCENARIOS: dict[str, tuple[dict[str, Any], str]] = {
             "podAntiAffinity": "hard",
             "priorityClassName": "system-cluster-critical",
             "rbac": {"extraRules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}],
-                     "contextResources": [{"apiGroups": ["apps"], "resources": ["deployments"]}]},
+                     "contextResources": [{"apiGroups": [""], "resources": ["limitranges"]}]},
             "podDisruptionBudget": {"minAvailable": 2},
             "networkPolicy": {
                 "webhookFrom": [{"ipBlock": {"cidr": "172.18.0.0/16", "except": ["172.18.0.128/25"]}},

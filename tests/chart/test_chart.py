@@ -262,10 +262,10 @@ def test_context_resources_get_list_and_watch_only(chart: helm.Chart) -> None:
     """What policies read as params or context (rbac.contextResources): list and watch, nothing more."""
     values, namespace = SCENARIOS["everything"]
     role = operator_cluster_role(render(chart, values, namespace))
-    granted = {verb for group, resource, verb, _ in rules_of(role) if (group, resource) == ("apps", "deployments")}
+    granted = {verb for group, resource, verb, _ in rules_of(role) if (group, resource) == ("", "limitranges")}
     assert granted == {"list", "watch"}
     defaults = operator_cluster_role(render(chart, *SCENARIOS["defaults"]))
-    assert not any(resource == "deployments" for _, resource, _, _ in rules_of(defaults))
+    assert not any(resource == "limitranges" for _, resource, _, _ in rules_of(defaults))
 
 
 def role_in(docs: list[dict], namespace: str) -> tuple[dict, dict]:
