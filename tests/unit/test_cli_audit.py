@@ -136,7 +136,8 @@ def test_policies_that_read_params_and_context_get_them_from_files() -> None:
     assert code == 1, out
     assert "deployment-quota (Enforce): 3 object(s): 3 fail" in out
     assert "Deployment web would bring the CPU requested by Deployments in namespace team-a to 4500m " \
-           "(in use: 2500m, requested: 4 × 500m), over the limit of 4 in ConfigMap team-a/deployment-quota" in out
+           "(in use: 2500m, requested: 4 \N{MULTIPLICATION SIGN} 500m), over the limit of 4 in ConfigMap " \
+           "team-a/deployment-quota" in out
 
     code, out, _ = run("audit", "-p", str(example / "policy.yaml"), *cluster)
     assert code == 0, out   # errors, not violations
