@@ -47,6 +47,7 @@ def combine(results: list[Level]) -> Level:
         **{key: round(statistics.median(r[key] for r in results), 3) for key in ("p50_ms", "p95_ms", "p99_ms")},
         "max_ms": max(r["max_ms"] for r in results),
         "cpu_seconds": total("cpu_seconds"), "cpu_net": total("cpu_net"),
+        "by_kind": {kind: sum(r["by_kind"].get(kind, 0) for r in results) for kind in results[0]["by_kind"]},
         "client_cpu": statistics.median(r["client_cpu"] or 0.0 for r in results),
         "denied": sum(r["denied"] for r in results), "mismatches": sum(r["mismatches"] for r in results),
         "mismatch_samples": [s for r in results for s in r["mismatch_samples"]][:3],
@@ -59,6 +60,13 @@ def cpu_ms(result: Level, prefix: str) -> float | None:
     if not values or not result["requests"]:
         return None
     return sum(values) / result["requests"] * 1000
+
+
+def operator_ms_per_call(result: Level) -> float | None:
+    """Operator CPU per webhook call: the DELETEs of the mix are not routed to it."""
+    calls = result["requests"] - result["by_kind"].get("delete", 0)
+    values = [v for name, v in result["cpu_net"].items() if name.startswith("operator") and v is not None]
+    return sum(values) / calls * 1000 if values and calls else None
 
 
 def added_cpu_ms(scenarios: dict[str, Scenario], name: str, level: int) -> float | None:
@@ -132,6 +140,11 @@ def print_summary(scenarios: dict[str, Scenario], levels: list[int], met: dict[s
             added, ratio = added_cpu_ms(scenarios, name, level), latency_ratio(scenarios, name, level)
             print(f"   {name:<14} c={level:<3} added CPU {_ms(added)} ms/req (API server + operator)"
                   f"  avg latency x{_ms(ratio)}  throughput x{_ms(_rps_ratio(scenarios, name, level))}")
+    for name in scenarios:
+        per_call = [operator_ms_per_call(scenarios[name][level]) for level in levels]
+        if any(v is not None for v in per_call):
+            print(f"   {name:<14} operator CPU per webhook call (ms), by level: "
+                  + ", ".join(f"c={level} {_ms(v)}" for level, v in zip(levels, per_call, strict=True)))
     for name, rss in info.get("operator_rss_mb", {}).items():
         print(f"   operator RSS, {name}: {rss}")
     scale = info.get("scale_out")
