@@ -1,6 +1,6 @@
 """End-to-end benchmark: real requests through a real API server, with and without the operator.
 
-    KUBEBUILDER_ASSETS=... python bench/e2e.py            # everything, about 6 minutes on 2 cores
+    KUBEBUILDER_ASSETS=... python bench/e2e.py            # everything, about 10 minutes on 2 cores
     KUBEBUILDER_ASSETS=... python bench/e2e.py --quick    # shorter runs, 100 generated policies: ~2 minutes
 
 What users feel is not the webhook's own throughput (bench/run.py) but what it adds to their
@@ -60,7 +60,7 @@ class Plan:
     scale_out: bool
 
 
-FULL = Plan(quick=False, levels=(1, 8, 32), warmup=2.0, duration=10.0, rounds=2, idle=3.0, generated=1000,
+FULL = Plan(quick=False, levels=(1, 8, 32), warmup=2.0, duration=8.0, rounds=3, idle=3.0, generated=1000,
             scale_out=True)
 QUICK = Plan(quick=True, levels=(1, 8, 32), warmup=1.0, duration=4.0, rounds=1, idle=1.5, generated=100,
              scale_out=True)
