@@ -27,6 +27,7 @@ import datetime
 import json
 import os
 import pathlib
+import platform
 import shutil
 import sys
 import tempfile
@@ -256,7 +257,7 @@ def run_all(plan: Plan, assets: pathlib.Path, workdir: pathlib.Path, info: dict[
         stack.callback(plane.stop)
         print(f"== starting the control plane from {assets}", flush=True)
         plane.start()
-        bench = Bench(plan, Api(plane.kubeconfig), plane, workdir, log, stack, info=info)
+        bench = Bench(plan, Api(plane.kubeconfig), plane, workdir, log, stack)
         setup(bench)
         for index in range(plan.rounds):
             print(f"\n######## round {index + 1}/{plan.rounds}", flush=True)
@@ -271,6 +272,7 @@ def run_all(plan: Plan, assets: pathlib.Path, workdir: pathlib.Path, info: dict[
         else:
             operator.stop()
         scenario_generated(bench)
+    info["loadavg_end"] = os.getloadavg()[0]
     levels = list(plan.levels)
     scenarios = {name: {level: e2e_report.combine(results) for level, results in per_level.items()}
                  for name, per_level in bench.rounds.items() if not name.startswith("scale-")}
@@ -297,10 +299,13 @@ def main() -> None:
                  "kube-controller-manager and kubectl (e.g. $(../shared/envtest/install.sh); see tests/e2e/README.md)")
     plan = dataclasses.replace(QUICK if args.quick else FULL, scale_out=not args.no_scale_out)
     info = {"cores": cores(), "operator_core": SERVER_CORE, "client_core": CLIENT_CORE,
-            "loadavg_start": os.getloadavg()[0],
+            "loadavg_start": os.getloadavg()[0], "python": platform.python_version(),
             "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), **source_state()}
     if len(info["cores"]) < 2:
         print("warning: fewer than 2 cores: operator, API server and client all share one")
+    if info["loadavg_start"] > 0.5:
+        print(f"warning: load average {info['loadavg_start']:.2f} before starting: other processes share the"
+              " machine; compare CPU per request (robust) rather than throughput (not)")
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="ap-e2e-bench-"))
     ok = False
     try:
