@@ -29,6 +29,7 @@ import os
 import pathlib
 import platform
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -287,6 +288,10 @@ def run_all(plan: Plan, assets: pathlib.Path, workdir: pathlib.Path, info: dict[
             "elapsed_s": round(time.monotonic() - started, 1)}
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="about 2 minutes: shorter runs, 100 generated policies")
@@ -307,6 +312,7 @@ def main() -> None:
         print(f"warning: load average {info['loadavg_start']:.2f} before starting: other processes share the"
               " machine; compare CPU per request (robust) rather than throughput (not)")
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="ap-e2e-bench-"))
+    signal.signal(signal.SIGTERM, _interrupt)   # as Ctrl-C: unwind, stopping every child on the way
     ok = False
     try:
         result = run_all(plan, pathlib.Path(assets).expanduser(), workdir, info)
