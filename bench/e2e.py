@@ -103,6 +103,8 @@ class Bench:
             result["idle_cpu_per_s"] = idle
             result["cpu_net"] = {n: None if v is None else round(v - idle.get(n, 0.0) * result["seconds"], 3)
                                  for n, v in result["cpu_seconds"].items()}
+            operators = [rss_mb(pid) or 0.0 for n, pid in pids.items() if n.startswith("operator")]
+            result["operator_rss_mb"] = round(sum(operators), 1) if operators else None
             results[level] = result
             self.rounds.setdefault(name, {}).setdefault(level, []).append(result)
             baseline = (self.rounds.get(e2e_report.BASELINE) or {}).get(level)

@@ -49,6 +49,7 @@ def combine(results: list[Level]) -> Level:
         "cpu_seconds": total("cpu_seconds"), "cpu_net": total("cpu_net"),
         "by_kind": {kind: sum(r["by_kind"].get(kind, 0) for r in results) for kind in results[0]["by_kind"]},
         "client_cpu": statistics.median(r["client_cpu"] or 0.0 for r in results),
+        "operator_rss_mb": max((r["operator_rss_mb"] for r in results if r.get("operator_rss_mb")), default=None),
         "denied": sum(r["denied"] for r in results), "mismatches": sum(r["mismatches"] for r in results),
         "mismatch_samples": [s for r in results for s in r["mismatch_samples"]][:3],
     }
@@ -123,7 +124,8 @@ def print_level(name: str, result: Level, baseline: Level | None, label: str = "
           f"  | CPU ms/req: apiserver {_ms(cpu_ms(result, 'kube-apiserver'))}"
           + ("" if operator is None else f" operator {_ms(operator)}")
           + f" etcd {_ms(cpu_ms(result, 'etcd'))}  client {result['client_cpu']} core"
-          f"  denied {result['denied']}{flag}", flush=True)
+          + (f"  operator RSS {result['operator_rss_mb']} MB" if result.get("operator_rss_mb") else "")
+          + f"  denied {result['denied']}{flag}", flush=True)
 
 
 def print_summary(scenarios: dict[str, Scenario], levels: list[int], met: dict[str, dict[str, Any]],
