@@ -1,6 +1,6 @@
 """Webhook benchmarks: the operator's real HTTPS server against two baselines, plus the engine alone.
 
-    python bench/run.py            # everything, about 6.5 minutes on 2 cores
+    python bench/run.py            # everything, about 7 minutes on 2 cores
     python bench/run.py --quick    # the same steps, shorter and with 100 generated policies
 
 Every server of the run is started first (each with its own emulated cluster, kmock through
@@ -44,8 +44,8 @@ class Plan:
     duration: float           # seconds measured per closed-loop run
     open_warmup: float        # open loop: seconds at the offered rate before measuring
     open_duration: float      # open loop: seconds measured
-    open_rate: float          # open loop: requests/s offered
-    open_lower_rates: tuple[float, ...]   # open loop, for the figures only: where the latency knee is
+    open_fractions: tuple[float, ...]   # open loop: requests/s offered, as fractions of the Kopf no-op's
+    #                                     closed-loop throughput in this run; the first is the target's
     concurrency: int          # closed loop: requests in flight (keep-alive connections)
     generated: int            # non-matching policies installed in the "many policies" scenario
     micro_seconds: float      # engine micro-bench: timing per measured function
@@ -53,10 +53,10 @@ class Plan:
 
 
 FULL = Plan(quick=False, rounds=4, warmup=1.0, duration=3.0, open_warmup=2.0, open_duration=8.0,
-            open_rate=1000.0, open_lower_rates=(800.0, 900.0), concurrency=16, generated=1000,
+            open_fractions=(0.5, 0.75), concurrency=16, generated=1000,
             micro_seconds=1.0, load_timeout=300.0)
 QUICK = Plan(quick=True, rounds=1, warmup=0.5, duration=1.0, open_warmup=0.5, open_duration=2.0,
-             open_rate=1000.0, open_lower_rates=(900.0,), concurrency=16, generated=100,
+             open_fractions=(0.5,), concurrency=16, generated=100,
              micro_seconds=0.15, load_timeout=120.0)
 
 
@@ -215,17 +215,25 @@ def measure(servers: dict[str, Server], plan: Plan) -> dict[str, dict[str, list[
     return runs
 
 
-def measure_open_loop(servers: dict[str, Server], plan: Plan) -> dict[str, dict[str, dict[str, Any]]]:
-    """``open-loop`` at the target's rate, then ``open-loop-<rate>`` at the lower rates (figures only)."""
+def measure_open_loop(servers: dict[str, Server], plan: Plan,
+                      saturation: float) -> dict[str, dict[str, dict[str, Any]]]:
+    """``open-loop`` at the target's share of the Kopf no-op's saturation (its closed-loop
+    throughput, ``saturation``, this run), then ``open-loop-<percent>pct`` at the other shares
+    (figures only). Relative rates: an absolute one would sit below the knee on a fast machine and
+    above it on a slow one (or in a slow phase of a shared one)."""
     results: dict[str, dict[str, dict[str, Any]]] = {}
-    for rate in (plan.open_rate, *plan.open_lower_rates):
-        key = "open-loop" if rate == plan.open_rate else f"open-loop-{rate:.0f}"
-        print(f"\n== open loop: {rate:.0f} {PSS_REQUEST}/s for {plan.open_duration:.0f} s", flush=True)
+    for index, fraction in enumerate(plan.open_fractions):
+        rate = round(fraction * saturation)
+        key = "open-loop" if index == 0 else f"open-loop-{fraction * 100:.0f}pct"
+        print(f"\n== open loop: {rate} {PSS_REQUEST}/s ({fraction:.0%} of the Kopf no-op's {saturation:.0f})"
+              f" for {plan.open_duration:.0f} s", flush=True)
         for name, server in servers.items():
-            if not server.scenario.open_loop or (rate != plan.open_rate and server.scenario.server == "bare"):
+            if not server.scenario.open_loop or (index > 0 and server.scenario.server == "bare"):
                 continue
-            results.setdefault(name, {})[key] = load(server, PSS_REQUEST, plan, open_rate=rate)
-            report.print_run(name, results[name][key])
+            result = load(server, PSS_REQUEST, plan, open_rate=rate)
+            result["fraction_of_noop_saturation"] = fraction
+            results.setdefault(name, {})[key] = result
+            report.print_run(name, result)
     return results
 
 
@@ -283,7 +291,8 @@ def run_all(plan: Plan, workdir: pathlib.Path, info: dict[str, Any], started: fl
     with (workdir / "children.log").open("w") as log, contextlib.ExitStack() as stack:
         servers = {scenario.name: start_server(scenario, plan, workdir, log, stack) for scenario in SCENARIOS}
         closed = measure(servers, plan)
-        open_loop = measure_open_loop(servers, plan)
+        saturation = report.aggregate(closed["kopf-noop"][PSS_REQUEST])["rps"]
+        open_loop = measure_open_loop(servers, plan, saturation)
         for server in servers.values():
             server.info["peak_rss_mb"] = round(peak_rss_mb(server.child.pid) or 0.0, 1)
     print("\n== engine alone (no HTTP), microseconds per request", flush=True)
@@ -297,7 +306,7 @@ def run_all(plan: Plan, workdir: pathlib.Path, info: dict[str, Any], started: fl
     for name, runs in open_loop.items():
         scenarios[name]["runs"].update(runs)
     table = report.ratios(closed)
-    met = report.targets(scenarios, table, closed, time.monotonic() - started)
+    met = report.targets(scenarios, table, closed)
     report.print_summary(scenarios, table, met, plan.generated if plan.quick else None)
     info["loadavg_end"] = os.getloadavg()[0]
     checks = report.all_as_expected(scenarios)

@@ -102,8 +102,10 @@ def main() -> None:
     parser.add_argument("kind", choices=("bare", "kopf-noop", "operator"))
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--cert-dir", type=pathlib.Path)
+    parser.add_argument("--core", type=int, default=SERVER_CORE,
+                        help="the core to pin to (bench/e2e.py puts two operator replicas on two cores)")
     args = parser.parse_args()
-    pin(SERVER_CORE)
+    pin(args.core)
     if args.kind == "operator":
         serve_operator()   # configures logging itself, as in production
         return

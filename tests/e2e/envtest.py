@@ -167,7 +167,10 @@ class _Process:
 class ControlPlane:
     """etcd, kube-apiserver and kube-controller-manager; :attr:`kubeconfig` is an admin's."""
 
-    def __init__(self, assets: pathlib.Path, *, workdir: pathlib.Path | None = None) -> None:
+    def __init__(self, assets: pathlib.Path, *, workdir: pathlib.Path | None = None,
+                 apiserver_args: Sequence[str] = ()) -> None:
+        """``apiserver_args``: extra kube-apiserver flags (the bench turns on 1.28's
+        ValidatingAdmissionPolicy gate with them, to compare against it)."""
         missing = missing_binaries(assets)
         if missing:
             raise ControlPlaneError(f"KUBEBUILDER_ASSETS={assets} lacks {', '.join(missing)} "
@@ -184,6 +187,7 @@ class ControlPlane:
         self._controller_port = controller_port
         self._processes: list[_Process] = []
         self._pki: _Pki | None = None
+        self._apiserver_args = list(apiserver_args)
 
     # -- public -----------------------------------------------------------------------------------
 
@@ -238,6 +242,11 @@ class ControlPlane:
     def etcd_url(self) -> str:
         """etcd's client URL (plain HTTP on loopback; its v3 JSON gateway is under ``/v3/``)."""
         return f"http://127.0.0.1:{self._etcd_client}"
+
+    def pid(self, name: str) -> int:
+        """The pid of a running process of the plane (``etcd``, ``kube-apiserver``, ...): the bench
+        reads its CPU time from /proc."""
+        return next(p.popen.pid for p in self._processes if p.name == name)
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name} ({p.log}) ---\n{p.tail()}" for p in self._processes)
@@ -299,6 +308,7 @@ class ControlPlane:
             f"--service-account-key-file={pki.sa_pub}", f"--service-account-signing-key-file={pki.sa_key}",
             "--service-account-issuer=https://kubernetes.default.svc",
             "--authorization-mode=RBAC", "--allow-privileged=true",
+            *self._apiserver_args,
         ])
 
     def _spawn(self, name: str, args: list[str]) -> None:
