@@ -199,9 +199,12 @@ def _deployment(image: str, generation: int, revision: int) -> dict[str, Any]:
                                "failureThreshold": 3},
             "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
             "imagePullPolicy": "IfNotPresent",
+            # Pod Security restricted: the PSS policies judge Deployment templates too (issue 17).
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
         }],
         "restartPolicy": "Always", "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
-        "securityContext": {}, "schedulerName": "default-scheduler",
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 101, "seccompProfile": {"type": "RuntimeDefault"}},
+        "schedulerName": "default-scheduler",
     }
     applied = {"apiVersion": "apps/v1", "kind": "Deployment",
                "metadata": {"annotations": {}, "labels": labels, "name": "web", "namespace": "default"},
