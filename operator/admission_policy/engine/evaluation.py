@@ -130,7 +130,7 @@ def evaluate(
         candidates = policies.candidates(request)
         if not candidates:
             return Decision(allowed=True, patched_object=request.object)
-        run = _Run(request, namespace_object, deadline, clock, inputs if inputs is not None else NoInputs())
+        run = _Run(request, namespace_object, deadline, clock, inputs)
         if phase in (Phase.MUTATE, Phase.ALL):
             for policy in candidates:
                 if policy.mutations:
@@ -152,15 +152,13 @@ class _Abort(Exception):
 
 @dataclasses.dataclass
 class _Record:
-    failures: list[str] = dataclasses.field(default_factory=list)
+    findings: list[Finding] = dataclasses.field(default_factory=list)
     errors: list[str] = dataclasses.field(default_factory=list)
     mutated: bool = False
     fatal: bool = False    # an error under failurePolicy Fail outside validations: deny
     reason: str = ""
-    findings: list[Finding] = dataclasses.field(default_factory=list)
 
     def failed(self, path: str, message: str, error: bool = False) -> None:
-        self.failures.append(message)
         self.findings.append(Finding(_rule(path), message, error))
 
 
@@ -400,25 +398,25 @@ class _Run:
         self.plugin_calls.append(PluginCall(plugin.name, "", spent))
         return result
 
-    def _result(self, name: str, result: str) -> None:
+    def _result(self, result: str) -> None:
         last = self.plugin_calls[-1]
         self.plugin_calls[-1] = dataclasses.replace(last, result=result)
 
     def _plugin_mutation(self, bound: BoundPlugin, policy: CompiledPolicy) -> Any:
         result = self._call(bound, policy, _clone(self.object))   # never on a Pod template (compiler)
         if result is None:
-            self._result(bound.name, "unchanged")
+            self._result("unchanged")
             return self.object
         if isinstance(result, Mapping) and not non_finite(result):
-            self._result(bound.name, "mutated")
+            self._result("mutated")
             return dict(result)
         if isinstance(result, (list, tuple)) and all(isinstance(op, Mapping) for op in result):
-            self._result(bound.name, "mutated")
+            self._result("mutated")
             changed = self.object
             for operation in result:
                 changed = apply_operation(changed, dict(operation))
             return changed
-        self._result(bound.name, "error")
+        self._result("error")
         raise PluginCallError(bound.path, f"plugin {bound.name!r} returned {type(result).__name__}, not a JSON "
                                           "patch (a list of operations), an object or None")
 
@@ -432,7 +430,7 @@ class _Run:
             bindings = self.bindings(policy)
             result = self._call(bound, policy, bindings["object"])
             if not isinstance(result, (list, tuple)) or not all(isinstance(f, (str, Failure)) for f in result):
-                self._result(bound.name, "error")
+                self._result("error")
                 raise PluginCallError(bound.path, f"plugin {bound.name!r} returned {type(result).__name__}, "
                                                   "not a list of failures (str or Failure)")
         except PluginCallError as error:
@@ -440,7 +438,7 @@ class _Run:
                 record.failed(bound.path, str(error), error=True)
                 record.reason = record.reason or "Forbidden"
             return
-        self._result(bound.name, "failed" if result else "passed")
+        self._result("failed" if result else "passed")
         if result:
             record.reason = record.reason or validation.spec.reason
             for failure in result:
@@ -546,7 +544,8 @@ class _Run:
         reason = ""
         for name, (policy, record) in self.records.items():
             enforcement = policy.policy.enforcement
-            denied = record.fatal or (enforcement == "Enforce" and bool(record.failures))
+            failures = tuple(finding.message for finding in record.findings)
+            denied = record.fatal or (enforcement == "Enforce" and bool(failures))
             # A Pod policy on a workload says whose Pod template it judged.
             workload = self._workload() if policy.template else ""
             about = f"the Pod template of {workload} would violate the policy: " if workload else ""
@@ -554,14 +553,14 @@ class _Run:
                 what = f"the Pod template of {workload}" if workload else "the request"
                 denials.append(f'AdmissionPolicy "{name}" could not evaluate {what}: {record.errors[-1]}')
             elif denied:
-                denials.append(f'AdmissionPolicy "{name}" denied the request: {about}{"; ".join(record.failures)}')
-            elif record.failures and enforcement == "Warn":
-                warnings.extend(f'AdmissionPolicy "{name}": {about}{failure}' for failure in record.failures)
-            elif record.failures and enforcement == "Audit":
-                audit[name[:63]] = json.dumps([about + failure for failure in record.failures])
+                denials.append(f'AdmissionPolicy "{name}" denied the request: {about}{"; ".join(failures)}')
+            elif failures and enforcement == "Warn":
+                warnings.extend(f'AdmissionPolicy "{name}": {about}{failure}' for failure in failures)
+            elif failures and enforcement == "Audit":
+                audit[name[:63]] = json.dumps([about + failure for failure in failures])
             if denied and not reason:
                 reason = record.reason or "Forbidden"
-            outcomes.append(PolicyOutcome(name, enforcement, tuple(record.failures), tuple(record.errors),
+            outcomes.append(PolicyOutcome(name, enforcement, failures, tuple(record.errors),
                                           record.mutated, denied, workload, tuple(record.findings)))
         patch: tuple[Mapping[str, Any], ...] = ()
         if self.object is not self.request.object and not denials:

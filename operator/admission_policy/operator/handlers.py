@@ -301,11 +301,11 @@ async def _follow_inputs(op: Operator) -> None:
 
 
 async def _update_inputs(op: Operator) -> None:
+    objects = client.CustomObjectsApi(op.api_client)
     for compiled in op.store.policies:
         spec = compiled.policy
         if spec.param_kind is None and not spec.context:
             continue
-        objects = client.CustomObjectsApi(op.api_client)
         try:
             raw: Any = await objects.get_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL, spec.name)
         except client.ApiException:
