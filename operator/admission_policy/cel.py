@@ -149,7 +149,7 @@ def _build(source: str, tier: int) -> tuple[Any, celast.Checked]:
     checked_program = _environment(tier).compile(source)
     serialized = checked_program.serialize()
     tree, linear = celast.Checked.decode(serialized), celast.Checked.decode(serialized)
-    if not celast.linearize(linear):
+    if not (celast.inline_bound_maps(linear) | celast.linearize(linear)):
         return checked_program, tree
     return _environment(tier, runtime=True).deserialize(linear.encode()), tree
 

@@ -306,6 +306,82 @@ def walk(root: Expr) -> Iterator[Expr]:
         stack.extend(node.children())
 
 
+# --- bound maps of variables ----------------------------------------------------------------
+
+def inline_bound_maps(checked: Checked) -> bool:
+    """Rewrite ``cel.bind(m, {'a': x, 'b': y}, body)`` so that ``body`` reads ``x`` where it read
+    ``m.a``, and drop the bind when nothing else in ``body`` reads ``m``; True if any was.
+
+    A policy's validations batched into one program see the variables bound before them through
+    such a map (``engine.compiler``): built at every evaluation, and read through a lookup each
+    time, for nothing. Applied only where it cannot change a result: the map's keys are distinct
+    strings, its values plain identifiers that no comprehension inside ``body`` binds again, and
+    a ``m`` bound again inside ``body`` is left alone there.
+    """
+    changed = False
+    for node in walk(checked.root):   # parents first; a node replaced by its body is looked at again
+        while node.kind == "comprehension" and _is_bind(node) and (fields := _bound_fields(node)):
+            parts = node.comprehension
+            replaced, still_read = _read_through(parts["result"], parts["accu_var"], fields)
+            changed |= replaced
+            if still_read:
+                break
+            body = parts["result"]
+            for field_ in dataclasses.fields(Expr):
+                setattr(node, field_.name, getattr(body, field_.name))
+            changed = True
+    return changed
+
+
+def _is_bind(node: Expr) -> bool:
+    """``cel.bind(var, init, result)`` as the macro expands it: a loop over no items."""
+    parts = node.comprehension
+    empty = parts.get("iter_range")
+    return (node.kind == "comprehension" and parts.get("iter_var") == "#unused" and "result" in parts
+            and "accu_init" in parts and empty is not None and empty.kind == "list" and not empty.args)
+
+
+def _bound_fields(node: Expr) -> dict[str, str]:
+    """A bind of a map literal of distinct string keys to identifiers: key → identifier (else none)."""
+    init = node.comprehension["accu_init"]
+    if init.kind != "struct" or init.name:
+        return {}
+    fields: dict[str, str] = {}
+    for entry in init.entries:
+        key = entry.key.constant() if entry.key is not None and entry.key.kind == "const" else None
+        if not isinstance(key, str) or key in fields or entry.optional or entry.value.kind != "ident":
+            return {}
+        fields[key] = entry.value.name
+    body = node.comprehension["result"]
+    rebound = {name for inner in walk(body) if inner.kind == "comprehension"
+               for name in (inner.comprehension.get(k) for k in ("iter_var", "iter_var2", "accu_var")) if name}
+    return {} if rebound & set(fields.values()) else fields
+
+
+def _read_through(body: Expr, name: str, fields: dict[str, str]) -> tuple[bool, bool]:
+    """Replace ``name.key`` by its identifier in ``body``, except where a comprehension binds
+    ``name`` again: (any replaced, ``name`` still read some other way)."""
+    replaced = still_read = False
+    stack = [body]
+    while stack:
+        node = stack.pop()
+        target = node.target
+        if node.kind == "select" and not node.test_only and target is not None and _is_ident(target, name) \
+                and node.name in fields:
+            node.kind, node.name, node.target = "ident", fields[node.name], None
+            replaced = True
+        elif _is_ident(node, name):
+            still_read = True
+        elif node.kind == "comprehension":
+            parts = node.comprehension
+            stack.extend(parts[k] for k in ("iter_range", "accu_init") if k in parts)
+            if name not in (parts.get("iter_var"), parts.get("iter_var2"), parts.get("accu_var")):
+                stack.extend(parts[k] for k in ("loop_condition", "loop_step", "result") if k in parts)
+        else:
+            stack.extend(node.children())
+    return replaced, still_read
+
+
 # --- linear accumulation --------------------------------------------------------------------
 
 def linearize(checked: Checked) -> bool:

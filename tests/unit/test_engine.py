@@ -9,6 +9,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
+from admission_policy import cel, celast
 from admission_policy.api import parse_policy
 from admission_policy.cel import POLICY_BUDGET
 from admission_policy.engine import (
@@ -604,6 +605,34 @@ def test_map_and_filter_results_are_unchanged_by_linear_accumulation() -> None:
         names = [f"c{i}" for i in range(count)]
         spec = decision.patched_object["spec"]
         assert [spec[f"r{i}"] for i in range(len(cases))] == [expected(names) for expected in cases.values()]
+
+
+def test_bound_maps_read_through_their_identifiers_give_the_same_results() -> None:
+    """What celast.inline_bound_maps rewrites (a validation batch's ``variables``) keeps its
+    meaning, also where a comprehension binds the map's name or its identifiers again."""
+    cases = {
+        "cel.bind(m, {'a': 1}, m.a)": 1,
+        "cel.bind(x, 5, cel.bind(m, {'a': x}, [1, 2].map(x, m.a)))": [5, 5],       # x bound again: kept
+        "cel.bind(x, 5, cel.bind(m, {'a': x}, [1, 2].map(y, m.a + y)))": [6, 7],
+        "cel.bind(x, 5, cel.bind(m, {'a': x}, [1, 2].map(m, m)))": [1, 2],           # m bound again
+        "cel.bind(x, 5, cel.bind(m, {'a': x}, has(m.a) && m.a == 5))": True,          # has() reads the map
+        "cel.bind(x, 5, cel.bind(m, {'a': x}, size(m)))": 1,
+        "cel.bind(x, 5, cel.bind(m, {'a': x}, m.a + cel.bind(m, {'a': 7}, m.a)))": 12,
+    }
+    p = policy(mutations=[{"name": f"m{i}", "jsonPatch": [{"op": "add", "path": f"/spec/r{i}", "valueExpression": e}]}
+                          for i, e in enumerate(cases)])
+    spec = decide([p], request(pod())).patched_object["spec"]
+    assert [spec[f"r{i}"] for i in range(len(cases))] == list(cases.values())
+    absent = {"op": "add", "path": "/spec/r", "valueExpression": "cel.bind(m, {'a': 1}, m.b)"}
+    missing = decide([policy(mutations=[{"name": "m", "jsonPatch": [absent]}])], request(pod()))
+    assert not missing.allowed and "Key not found in map" in missing.message
+
+
+def test_a_validation_batch_reads_its_variables_without_the_map() -> None:
+    source = "cel.bind(v, 1, cel.bind(variables, {'v': v}, variables.v == 1 && [2].all(x, variables.v < x)))"
+    tree = celast.Checked.decode(cel._environment(0).compile(source).serialize())
+    assert celast.inline_bound_maps(tree)
+    assert "variables" not in {node.name for node in celast.walk(tree.root) if node.kind == "ident"}
 
 
 def _peak_rss_growth_mb(code: str) -> float:

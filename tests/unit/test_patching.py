@@ -119,6 +119,17 @@ def document() -> dict[str, Any]:
     ({"op": "copy", "from": "/metadata/labels", "path": "/spec/containers/0/labels"},
      lambda d: d["spec"]["containers"][0]["labels"] == {"app": "web"}),
     ({"op": "test", "path": "/metadata/labels/app", "value": "web"}, lambda d: d == document()),
+    ({"op": "add", "path": "/spec/volumes/1", "value": {"name": "w"}},          # at the end: an index may be the length
+     lambda d: d["spec"]["volumes"] == [{"name": "v"}, {"name": "w"}]),
+    ({"op": "add", "path": "/spec/volumes/0", "value": {"name": "w"}},
+     lambda d: d["spec"]["volumes"] == [{"name": "w"}, {"name": "v"}]),
+    ({"op": "add", "path": "/metadata/labels/-", "value": "x"},                 # in an object, "-" is a name
+     lambda d: d["metadata"]["labels"] == {"app": "web", "-": "x"}),
+    ({"op": "replace", "path": "/spec/volumes/0", "value": {"name": "w"}},
+     lambda d: d["spec"]["volumes"] == [{"name": "w"}]),
+    ({"op": "remove", "path": "/spec/containers/0/env/0"},
+     lambda d: d["spec"]["containers"][0]["env"] == []),
+    ({"op": "add", "path": "", "value": {"kind": "Pod"}}, lambda d: d == {"kind": "Pod"}),   # the whole document
 ])
 def test_an_operation_returns_the_edited_document_and_leaves_its_input_as_it_was(
         operation: dict[str, Any], check: Any) -> None:
@@ -134,6 +145,13 @@ def test_an_operation_returns_the_edited_document_and_leaves_its_input_as_it_was
     {"op": "replace", "path": "/metadata/missing/x", "value": 1},
     {"op": "test", "path": "/metadata/labels/app", "value": "db"},
     {"op": "move", "from": "/spec/missing", "path": "/spec/x"},
+    {"op": "replace", "path": "/spec/volumes/1", "value": {}},          # one past the end: nothing to replace
+    {"op": "add", "path": "/spec/volumes/2", "value": {}},              # beyond the end
+    {"op": "add", "path": "/spec/volumes/01", "value": {}},             # not an RFC 6901 index
+    {"op": "remove", "path": "/metadata/labels/missing"},
+    {"op": "replace", "path": "/spec/volumes/-", "value": {}},
+    {"op": "add", "path": "/metadata/labels/app/x", "value": 1},        # inside a string
+    {"op": "replace", "path": "", "value": [1]},                        # the object would be no object
 ])
 def test_a_failing_operation_is_a_patch_error_and_changes_nothing(operation: dict[str, Any]) -> None:
     original = document()

@@ -83,10 +83,18 @@ class AddLabel(MutatorPlugin):
         return [{"op": "add", "path": "/metadata/labels", "value": {"from-plugin": config["value"]}}]
 
 
+class AddNotANumber(MutatorPlugin):
+    name: ClassVar[str] = "add-not-a-number"
+    stage: ClassVar[plugins.Stage] = "Beta"
+
+    def mutate(self, config: Any, request: PluginRequest) -> Any:
+        return [{"op": "add", "path": "/metadata/labels", "value": {"ratio": float("nan")}}]
+
+
 @pytest.fixture
 def registry() -> plugins.Registry:
     found = plugins.discover(group="admission_policy.plugins.none")
-    extra = {p.name: p for p in (Raises(), Garbage(), Slow(), AddLabel())}
+    extra = {p.name: p for p in (Raises(), Garbage(), Slow(), AddLabel(), AddNotANumber())}
     return plugins.Registry({**found.plugins, **extra}, {**found.sources, **dict.fromkeys(extra, "test")})
 
 
@@ -151,6 +159,15 @@ def test_a_mutator_plugin_returns_a_json_patch(registry: plugins.Registry) -> No
                                                                              "config": {"value": "yes"}}}])
     decision = decide(policy, pod("nginx"))
     assert decision.allowed and decision.patched_object["metadata"]["labels"] == {"from-plugin": "yes"}
+
+
+def test_a_mutator_plugin_patching_in_a_value_json_cannot_carry_is_an_evaluation_error(
+        registry: plugins.Registry) -> None:
+    decision = decide(compiled(registry, mutations=[{"plugin": {"name": "add-not-a-number"}}]), pod("nginx"))
+    assert not decision.allowed and not decision.patch
+    assert "spec.mutations[0].plugin: plugin 'add-not-a-number' returned NaN, which is not a JSON number" \
+        in decision.message
+    assert [c.result for c in decision.plugin_calls] == ["error"]
 
 
 # --- feature gates -----------------------------------------------------------------------------

@@ -364,9 +364,9 @@ class _Run:
         if spec.from_ is not None:
             operation["from"] = spec.from_
         if spec.has_value:
-            # The policy's own value as is: jsonpatch inserts a deep copy of what it is given.
+            # A copy of the policy's own value: the patched object must not share it (apply_operation).
             if compiled.value is None:
-                operation["value"] = spec.value
+                operation["value"] = _clone(spec.value)
             else:
                 value = operation["value"] = scope.evaluate(compiled.value)
                 if non_finite(value):
@@ -407,14 +407,19 @@ class _Run:
         if result is None:
             self._result("unchanged")
             return self.object
-        if isinstance(result, Mapping) and not non_finite(result):
+        found = non_finite(result) if isinstance(result, (Mapping, list, tuple)) else None
+        if found:
+            self._result("error")
+            raise PluginCallError(bound.path, f"plugin {bound.name!r} returned {found}, which is not a JSON number "
+                                              "and cannot go into a patch")
+        if isinstance(result, Mapping):
             self._result("mutated")
             return dict(result)
         if isinstance(result, (list, tuple)) and all(isinstance(op, Mapping) for op in result):
             self._result("mutated")
             changed = self.object
-            for operation in result:
-                changed = apply_operation(changed, dict(operation))
+            for operation in result:   # values copied: the plugin may hold on to what it returned
+                changed = apply_operation(changed, {key: _clone(value) for key, value in operation.items()})
             return changed
         self._result("error")
         raise PluginCallError(bound.path, f"plugin {bound.name!r} returned {type(result).__name__}, not a JSON "
@@ -564,10 +569,8 @@ class _Run:
                                           record.mutated, denied, workload, tuple(record.findings)))
         patch: tuple[Mapping[str, Any], ...] = ()
         if self.object is not self.request.object and not denials:
+            # Every value a mutation adds is checked to be JSON (no NaN, no Infinity) where it comes from.
             patch = tuple(diff(self.request.object, self.object))
-            if non_finite(list(patch)):   # the policies' values are checked; this is the last line
-                denials.append(f"the patch would carry {non_finite(list(patch))}, which is not JSON")
-                reason = reason or "InternalError"
         if denials:
             return Decision(allowed=False, code=REASON_CODES.get(reason, 500), reason=reason,
                             message="\n".join(denials), warnings=tuple(warnings), audit_annotations=audit,

@@ -7,6 +7,7 @@ a large object, and what lets ``diff`` skip, by identity, every part no mutation
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -21,33 +22,88 @@ class PatchError(ValueError):
 def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> dict[str, Any]:
     """The document with one RFC 6902 operation applied (``document`` itself is left as it was),
     except that ``add`` creates missing parents ("/spec/tolerations/-" on a pod without
-    tolerations creates the list), which is what a policy author means."""
+    tolerations creates the list), which is what a policy author means.
+
+    An added or replacing value goes in as it is, not copied: the caller passes one that nothing
+    else holds or changes (copy-on-write keeps later edits off it)."""
     op, path = operation["op"], operation["path"]
     try:
-        result = _detached(document, path, create_parents=op == "add")
+        parts = jsonpointer.JsonPointer(path).parts
+        result = _detached(document, parts, create_parents=op == "add")
         if op == "move":
-            result = _detached(result, operation.get("from", ""), copy_root=False)
+            result = _detached(result, jsonpointer.JsonPointer(operation.get("from", "")).parts, copy_root=False)
     except jsonpointer.JsonPointerException as exc:
         raise PatchError(f"{op} {path}: {exc}") from None
+    if ((op in _EDITS and "value" in operation) or op == "remove") and _edit(result, parts, op, operation.get("value")):
+        return result
+    # Everything else, and every edit that cannot apply: jsonpatch's own operation and errors.
     try:
-        jsonpatch.apply_patch(result, [dict(operation)], in_place=True)
+        patched = jsonpatch.apply_patch(result, [dict(operation)], in_place=True)   # a new root, for path ""
     except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
         raise PatchError(f"{op} {path}: {exc}") from None
     except (TypeError, KeyError, IndexError) as exc:
         raise PatchError(f"{op} {path}: cannot apply ({exc})") from None
     except RecursionError:   # jsonpatch deep-copies values, recursively
         raise PatchError(f"{op} {path}: the value nests too deeply to copy") from None
-    return result
+    if not isinstance(patched, dict):
+        raise PatchError(f"{op} {path}: the object would become {type(patched).__name__}, not a JSON object")
+    return patched
 
 
-def _detached(document: dict[str, Any], pointer: str, *, copy_root: bool = True,
+_EDITS = frozenset({"add", "replace"})
+_INDEX = re.compile(r"0|[1-9][0-9]*")   # RFC 6901 array indices: no sign, no leading zero
+
+
+def _edit(root: dict[str, Any], parts: list[str], op: str, value: Any) -> bool:
+    """Apply an ``add``, ``replace`` or ``remove`` in place on ``root`` (already detached along
+    the path) without jsonpatch's per-operation objects and deep copy of the value; False, with
+    nothing changed, when it cannot apply (then jsonpatch reports why)."""
+    if not parts:
+        return False
+    node: Any = root
+    for token in parts[:-1]:
+        if isinstance(node, dict):
+            node = node.get(token)
+        elif isinstance(node, list) and _INDEX.fullmatch(token) and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return False
+    last = parts[-1]
+    if isinstance(node, dict):
+        if op == "add":
+            node[last] = value
+        elif last not in node:
+            return False
+        elif op == "replace":
+            node[last] = value
+        else:
+            del node[last]
+        return True
+    if not isinstance(node, list):
+        return False
+    if op == "add" and last == "-":
+        node.append(value)
+        return True
+    if not _INDEX.fullmatch(last) or int(last) > len(node) or (op != "add" and int(last) == len(node)):
+        return False
+    if op == "add":
+        node.insert(int(last), value)
+    elif op == "replace":
+        node[int(last)] = value
+    else:
+        del node[int(last)]
+    return True
+
+
+def _detached(document: dict[str, Any], parts: list[str], *, copy_root: bool = True,
               create_parents: bool = False) -> dict[str, Any]:
-    """``document`` with its root and every container on the way to ``pointer``'s parent copied
-    (shallowly), so that an in-place edit there changes nothing the original shares; missing
-    parents are created when asked. Where the way cannot go on, jsonpatch reports the path."""
+    """``document`` with its root and every container on the way to the parent of the pointer
+    ``parts`` copied (shallowly), so that an in-place edit there changes nothing the original
+    shares; missing parents are created when asked. Where the way cannot go on, jsonpatch
+    reports the path."""
     root = dict(document) if copy_root else document
     node: Any = root
-    for token, following in itertools.pairwise(jsonpointer.JsonPointer(pointer).parts):
+    for token, following in itertools.pairwise(parts):
         if isinstance(node, dict) and isinstance(node.get(token), (dict, list)):
             child = node[token] = _copy(node[token])
         elif isinstance(node, dict) and node.get(token) is None and create_parents:
@@ -132,7 +188,7 @@ def _differences(old: Any, new: Any, path: str) -> Iterator[tuple[Any, Any, str]
                 yield {"op": "add", "path": where, "value": value}
     elif isinstance(old, list) and isinstance(new, list):
         yield from _diff_lists(old, new, path)
-    elif not json_equal(old, new):
+    elif type(old) is not type(new) or old != new:   # json_equal, for what is not two objects or two arrays
         yield {"op": "replace", "path": path, "value": new}
 
 
