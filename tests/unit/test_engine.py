@@ -351,6 +351,21 @@ def test_variables_are_lazy_and_computed_once() -> None:
     assert decision.evaluations == 1                     # the policy's validations run as one program
 
 
+def test_failures_get_their_message_expressions_from_the_same_program() -> None:
+    """A denial costs about what an admission does: the messages of the validations that fail
+    come out of the policy's one program (and only theirs are built)."""
+    p = policy(variables=[{"name": "images", "expression": "object.spec.containers.map(c, c.image)"}],
+               validations=[{"expression": "variables.images.all(i, i.contains('@'))",
+                             "messageExpression": "'unpinned: ' + variables.images.join(', ')"},
+                            {"expression": "size(variables.images) < 5", "messageExpression": "'never built'"},
+                            {"expression": "object.metadata.name != 'web'", "message": "not web"},
+                            {"expression": "false", "messageExpression": "'  '"}])   # blank: the source instead
+    decision = decide([p], request(pod()))
+    assert decision.message == ('AdmissionPolicy "p" denied the request: unpinned: nginx; not web; '
+                                "failed expression: false")
+    assert decision.evaluations == 1
+
+
 def test_an_erring_validation_is_found_by_evaluating_one_at_a_time() -> None:
     p = policy(variables=[{"name": "images", "expression": "object.spec.containers.map(c, c.image)"},
                           {"name": "broken", "expression": "object.nothing.here"}],

@@ -410,9 +410,11 @@ def _undeclared_context(policy: api.AdmissionPolicy) -> list[CelCompileError]:
 
 def _validation_batch(policy: api.AdmissionPolicy) -> CompiledExpression | None:
     """The match conditions and every validation as one program: ``false`` when a condition does
-    not hold, else a list of booleans. The variables the validations read are bound inside it
-    once each (``cel.bind``, in declaration order), and every expression sees the ones it reads
-    as its ``variables`` map, typed ``dyn`` as when evaluated alone.
+    not hold, else one item per validation: a boolean, or for a validation with a
+    messageExpression, ``[]`` when it holds and ``[message]`` when it fails (the message computed
+    only then, within the same program). The variables they read are bound inside it once each
+    (``cel.bind``, in declaration order), and every expression sees the ones it reads as its
+    ``variables`` map, typed ``dyn`` as when evaluated alone.
 
     A variable computed by its own program comes back as a Python value, which every program that
     reads it converts for CEL again; inside one program it is computed and converted once.
@@ -421,11 +423,12 @@ def _validation_batch(policy: api.AdmissionPolicy) -> CompiledExpression | None:
     """
     if not policy.validations:
         return None
-    sources = [v.expression.source for v in policy.validations if v.expression is not None]
-    if len(sources) != len(policy.validations):
+    if any(v.expression is None for v in policy.validations):
         return None   # plugins run one at a time, in order
+    pairs = [(v.expression.source, v.message_expression.source if v.message_expression is not None else None)
+             for v in policy.validations if v.expression is not None]
     needed: set[str] = set()
-    for source in sources:
+    for source in [check for check, _ in pairs] + [message for _, message in pairs if message is not None]:
         needed |= set(referenced_variables(source) or (v.name for v in policy.variables))
     for variable in reversed(policy.variables):   # a variable may read earlier ones
         if variable.name in needed:
@@ -441,17 +444,27 @@ def _validation_batch(policy: api.AdmissionPolicy) -> CompiledExpression | None:
         entries = ", ".join(f"'{name}': {_BOUND_PREFIX}{name}" for name in names)
         return f"cel.bind(variables, {{{entries}}}, {source}\n)"
 
-    body = "[" + ", ".join(scoped(source) for source in sources) + "]"
-    for variable in reversed([v for v in policy.variables if v.name in needed]):
-        body = f"cel.bind({_BOUND_PREFIX}{variable.name}, dyn({scoped(variable.expression.source)}), {body})"
-    if policy.match.conditions:
-        conditions = " && ".join(f"({c.expression.source}\n)" for c in policy.match.conditions)
-        body = f"({conditions}) ? dyn({body}) : false"
-    try:   # its parts are within their budgets; the whole is their sum
-        batch = compile_expression(api.Expression(body, "spec.validations"), budget=math.inf)
-    except CelCompileError:
-        return None
-    return dataclasses.replace(batch, variables=frozenset())   # it binds its own variables
+    def item(check: str, message: str | None) -> str:
+        return scoped(check) if message is None else f"dyn({scoped(check)} ? [] : [{scoped(message)}])"
+
+    def program(items: list[str]) -> str:
+        body = "[" + ", ".join(items) + "]"
+        for variable in reversed([v for v in policy.variables if v.name in needed]):
+            body = f"cel.bind({_BOUND_PREFIX}{variable.name}, dyn({scoped(variable.expression.source)}), {body})"
+        if policy.match.conditions:
+            conditions = " && ".join(f"({c.expression.source}\n)" for c in policy.match.conditions)
+            body = f"({conditions}) ? dyn({body}) : false"
+        return body
+
+    # With the messages, unless that nests deeper than CEL's parser goes: then without them
+    # (a failure's message is then a program of its own).
+    for items in ([item(check, message) for check, message in pairs], [scoped(check) for check, _ in pairs]):
+        try:   # its parts are within their budgets; the whole is their sum
+            batch = compile_expression(api.Expression(program(items), "spec.validations"), budget=math.inf)
+        except CelCompileError:
+            continue
+        return dataclasses.replace(batch, variables=frozenset())   # it binds its own variables
+    return None
 
 
 # Names the batch binds variables to; a policy's own expressions cannot use them (they would not

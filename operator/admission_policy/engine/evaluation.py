@@ -462,11 +462,13 @@ class _Run:
             if results is False:
                 return           # a match condition does not hold
             if isinstance(results, list) and len(results) == len(policy.validations) and all(
-                    isinstance(result, bool) for result in results):
+                    isinstance(result, (bool, list)) for result in results):
                 self.record(policy)
-                for validation, passed in zip(policy.validations, results, strict=True):
-                    if not passed:
+                for validation, result in zip(policy.validations, results, strict=True):
+                    if result is False:   # with a messageExpression only when the batch could not hold it
                         self._failed(policy, validation, scope)
+                    elif isinstance(result, list) and result:   # [messageExpression's result]
+                        self._record_failure(policy, validation, result[0])
                 return
         if not self.conditions_hold(policy, scope):
             return
@@ -486,19 +488,24 @@ class _Run:
             self._failed(policy, validation, scope)
 
     def _failed(self, policy: CompiledPolicy, validation: CompiledValidation, scope: _Scope) -> None:
-        """Record a failed validation with its message (messageExpression, message, or the source)."""
-        record = self.record(policy)
-        record.reason = record.reason or validation.spec.reason
+        """Record a failed validation, with its messageExpression evaluated now."""
+        text: Any = None
         if validation.message is not None:
             try:
                 text = scope.evaluate(validation.message)
-                if isinstance(text, str) and text.strip():
-                    record.failed(validation.path, text)
-                    return
             except CelEvaluationError as error:
-                record.errors.append(str(error))
-        source = validation.check.expression.source.strip() if validation.check is not None else validation.path
-        record.failed(validation.path, validation.spec.message or f"failed expression: {source}")
+                self.record(policy).errors.append(str(error))
+        self._record_failure(policy, validation, text)
+
+    def _record_failure(self, policy: CompiledPolicy, validation: CompiledValidation, text: Any) -> None:
+        """A failed validation with its message: ``text`` (its messageExpression's result) when that
+        is a string with something in it, else its message, else its source."""
+        record = self.record(policy)
+        record.reason = record.reason or validation.spec.reason
+        if not (isinstance(text, str) and text.strip()):
+            source = validation.check.expression.source.strip() if validation.check is not None else validation.path
+            text = validation.spec.message or f"failed expression: {source}"
+        record.failed(validation.path, text)
 
     def scope(self, policy: CompiledPolicy) -> _Scope:
         return _Scope(self, policy)
