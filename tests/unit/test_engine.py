@@ -15,11 +15,14 @@ from admission_policy.cel import POLICY_BUDGET
 from admission_policy.engine import (
     Phase,
     PolicySet,
+    ReviewError,
     build_response,
     compile_policy,
+    decode_review,
     evaluate,
     parse_review,
 )
+from admission_policy.engine.request import MAX_JSON_DEPTH
 
 POD_RULE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE", "UPDATE"]}
 
@@ -594,6 +597,40 @@ def test_every_example_policy_with_validations_runs_as_one_program() -> None:
 
 
 # --- issue 18: cost, memory, deadlines, malformed input (evaluate never raises) -----------------------
+
+@pytest.mark.parametrize(("body", "expected"), [
+    (b'{"a": [1, 2.5, "x", null, true], "b": {"c": -0}}', {"a": [1, 2.5, "x", None, True], "b": {"c": 0}}),
+    (b'{"n": 9223372036854775807, "m": -9223372036854775808}', {"n": 2**63 - 1, "m": -2**63}),   # int64, exact
+    (b'{"n": 123456789012345678901234567890}', {"n": 1.2345678901234568e29}),   # beyond: a double, as Go reads it
+    (b'{"n": 123456789012345678901234567890, "many": [' + b"[], " * MAX_JSON_DEPTH + b'[]]}',   # the slow way
+     {"n": 1.2345678901234568e29, "many": [[]] * (MAX_JSON_DEPTH + 1)}),
+    (b'{"s": "\\ud800"}', {"s": "\ud800"}),                                              # JSON, not Unicode
+    (b'{"a": 1e-400}', {"a": 0.0}),
+])
+def test_a_review_body_decodes_as_the_json_it_is(body: bytes, expected: Any) -> None:
+    assert decode_review(body) == expected
+
+
+@pytest.mark.parametrize(("body", "error"), [
+    (b'{"a": NaN}', "NaN is not a JSON number"),
+    (b'{"a": -Infinity}', "-Infinity is not a JSON number"),
+    (b'{"a": 1e400}', "number 1e400 is out of range"),
+    (b'{"a": "\xff"}', "the body is not UTF-8 (byte 7)"),
+    (b'{"a": 1,}', "not JSON: "),
+    (b"[" * (MAX_JSON_DEPTH + 50) + b"]" * (MAX_JSON_DEPTH + 50), f"JSON nested deeper than {MAX_JSON_DEPTH} levels"),
+])
+def test_a_review_body_that_is_not_json_is_refused_saying_why(body: bytes, error: str) -> None:
+    with pytest.raises(ReviewError) as caught:
+        decode_review(body)
+    assert str(caught.value).startswith(error)
+
+
+def test_a_review_body_nested_to_the_limit_decodes() -> None:
+    deep = decode_review(b'{"a": ' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1) + b"}")
+    depth = 0
+    while isinstance(deep, (dict, list)) and deep:
+        deep, depth = (deep["a"] if isinstance(deep, dict) else deep[0]), depth + 1
+    assert depth == MAX_JSON_DEPTH - 1
 
 def wide_pod(containers: int) -> dict[str, Any]:
     return pod(containers=[{"name": f"c{i}", "image": "i"} for i in range(containers)])

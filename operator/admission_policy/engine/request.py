@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import Any, Final
 
+import orjson
+
 OPERATIONS: Final = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 
 # Deeper JSON is refused (400, so the API server applies the webhook's failurePolicy). The API
@@ -48,6 +50,16 @@ def decode_review(body: bytes, charset: str | None = None) -> Any:
     Infinity, which are not JSON and could come back in a patch), at most ``MAX_JSON_DEPTH`` deep."""
     if charset is not None and charset.lower().replace("-", "") != "utf8":
         raise ReviewError(f"charset {charset!r} is not supported: an AdmissionReview is UTF-8 JSON")
+    # orjson, several times faster, takes what it can: it refuses what the rules above refuse
+    # (not UTF-8, NaN, numbers out of range), and a body with fewer brackets than the depth limit
+    # cannot nest deeper. What it refuses goes through the standard parser, which says exactly
+    # what is wrong (or takes lone surrogates, which orjson does not). An integer beyond 64 bits
+    # becomes a double, as in the API server's own decoding.
+    if body.count(b"[") + body.count(b"{") < MAX_JSON_DEPTH:
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -68,7 +80,7 @@ def _loads(text: str) -> Any:
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(_stack_depth() + MAX_JSON_DEPTH + _DECODER_FRAMES)
     try:
-        return json.loads(text, parse_constant=_non_standard, parse_float=_finite)
+        return json.loads(text, parse_constant=_non_standard, parse_float=_finite, parse_int=_integer)
     finally:
         sys.setrecursionlimit(limit)
 
@@ -83,6 +95,12 @@ def _stack_depth() -> int:
 
 def _non_standard(constant: str) -> Any:
     raise ReviewError(f"{constant} is not a JSON number")
+
+
+def _integer(literal: str) -> int | float:
+    """A double beyond 64 bits, as orjson (the fast path) and the API server read it."""
+    value = int(literal)
+    return value if -(1 << 63) <= value < (1 << 64) else _finite(literal)
 
 
 def _finite(literal: str) -> float:

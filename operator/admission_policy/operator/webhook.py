@@ -40,6 +40,7 @@ from typing import Any
 
 import aiohttp.web
 import kopf
+import orjson
 from kopf._core.engines import admission as kopf_admission
 
 from ..engine import AdmissionRequest, Decision, ReviewError, build_response, decode_review, parse_review
@@ -223,7 +224,8 @@ class PolicyWebhookServer(kopf.WebhookServer):
             except ReviewError as exc:
                 # Kopf answers a 500 to bodies it cannot read; this is the client's mistake.
                 raise aiohttp.web.HTTPBadRequest(text=f"invalid AdmissionReview: {exc}") from None
-            return aiohttp.web.json_response(await _decide(fn, request, review, data))
+            return aiohttp.web.Response(body=orjson.dumps(await _decide(fn, request, review, data)),
+                                        content_type="application/json")
 
     async def _read(self, request: aiohttp.web.Request) -> bytes:
         """The body: within the size limit and ``body_timeout``; a client gone is one log line."""
