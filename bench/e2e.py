@@ -23,11 +23,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
 import json
 import os
 import pathlib
-import platform
 import shutil
 import signal
 import sys
@@ -41,10 +39,10 @@ import apiobjects
 import e2e_report
 import policies
 import vap
-from common import CLIENT_CORE, SERVER_CORE, cores, peak_rss_mb, rss_mb
+from common import CLIENT_CORE, SERVER_CORE, peak_rss_mb, rss_mb
 from e2e_cluster import POLICIES, WEBHOOK_CONFIG, Api, ControlPlane, ControlPlaneError, Replica, SetupError
 from procs import ChildError, run_to_end, wait_idle
-from run import source_state
+from run import machine
 
 PODS = f"/api/v1/namespaces/{apiobjects.NAMESPACE}/pods{apiobjects.DRY_RUN}"
 DEPLOYMENTS = f"/apis/apps/v1/namespaces/{apiobjects.NAMESPACE}/deployments{apiobjects.DRY_RUN}"
@@ -305,9 +303,7 @@ def main() -> None:
         sys.exit("error: set KUBEBUILDER_ASSETS to a directory holding etcd, kube-apiserver, "
                  "kube-controller-manager and kubectl (e.g. $(../shared/envtest/install.sh); see tests/e2e/README.md)")
     plan = dataclasses.replace(QUICK if args.quick else FULL, scale_out=not args.no_scale_out)
-    info = {"cores": cores(), "operator_core": SERVER_CORE, "client_core": CLIENT_CORE,
-            "loadavg_start": os.getloadavg()[0], "python": platform.python_version(),
-            "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), **source_state()}
+    info = machine("operator")
     if len(info["cores"]) < 2:
         print("warning: fewer than 2 cores: operator, API server and client all share one")
     if info["loadavg_start"] > 0.5:

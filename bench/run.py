@@ -239,8 +239,9 @@ def measure_open_loop(servers: dict[str, Server], plan: Plan,
 
 # --- main --------------------------------------------------------------------------------------
 
-def machine() -> dict[str, Any]:
-    return {"cores": cores(), "server_core": SERVER_CORE, "client_core": CLIENT_CORE,
+def machine(measured: str = "server") -> dict[str, Any]:
+    """The machine and the code measured; ``measured`` names the core the measured process has."""
+    return {"cores": cores(), f"{measured}_core": SERVER_CORE, "client_core": CLIENT_CORE,
             "python": platform.python_version(), "loadavg_start": os.getloadavg()[0],
             "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), **source_state()}
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from admission_policy.engine import Decision, PolicyOutcome, parse_review
+from admission_policy.engine import Decision, Finding, PolicyOutcome, parse_review
 from admission_policy.operator.decisions import DecisionLog
 
 LOGGER = "admission_policy.operator.decisions"
@@ -22,7 +22,8 @@ def request(name: str = "web", *, namespace: str = "team-a", dry_run: bool = Fal
 
 
 def denied(policy: str = "p", message: str = "no") -> Decision:
-    return Decision(allowed=False, code=403, outcomes=(PolicyOutcome(policy, "Enforce", (message,), denied=True),))
+    outcome = PolicyOutcome(policy, "Enforce", (Finding("spec.validations[0]", message),), denied=True)
+    return Decision(allowed=False, code=403, outcomes=(outcome,))
 
 
 class Clock:
@@ -41,8 +42,8 @@ def test_each_verdict_is_one_info_line_naming_policy_object_user_and_message(
         caplog: pytest.LogCaptureFixture) -> None:
     log = DecisionLog()
     decision = Decision(allowed=True, outcomes=(
-        PolicyOutcome("warn-team", "Warn", ("pods need a team",)),
-        PolicyOutcome("audit-images", "Audit", ("pin images",)),
+        PolicyOutcome("warn-team", "Warn", (Finding("spec.validations[0]", "pods need a team"),)),
+        PolicyOutcome("audit-images", "Audit", (Finding("spec.validations[0]", "pin images"),)),
         PolicyOutcome("lenient", "Enforce", errors=("no such key: labels",)),
         PolicyOutcome("quiet", "Enforce"),
         PolicyOutcome("label", "Enforce", mutated=True),

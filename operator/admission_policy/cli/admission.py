@@ -78,7 +78,7 @@ def _combined(request: AdmissionRequest, mutated: Decision, validated: Decision)
     for outcome in (*mutated.outcomes, *validated.outcomes):
         earlier = outcomes.get(outcome.policy)
         outcomes[outcome.policy] = outcome if earlier is None else dataclasses.replace(
-            earlier, failures=earlier.failures + outcome.failures, errors=earlier.errors + outcome.errors,
+            earlier, findings=earlier.findings + outcome.findings, errors=earlier.errors + outcome.errors,
             mutated=earlier.mutated or outcome.mutated, denied=earlier.denied or outcome.denied)
     return dataclasses.replace(
         validated,

@@ -4,7 +4,7 @@ Data flows one way: spec → ``compile_policy`` → ``PolicySet`` → ``evaluate
 → ``build_response``. Params and context come in as plain data (``Inputs``), like the namespace.
 """
 from .compiler import CompiledPolicy, PolicyCompileError, compile_policy
-from .evaluation import Decision, Phase, PolicyOutcome, evaluate
+from .evaluation import Decision, Finding, Phase, PolicyOutcome, evaluate
 from .inputs import Inputs, Listing, NoInputs, StaticInputs
 from .policyset import PolicySet
 from .request import AdmissionRequest, ReviewError, decode_review, parse_review
@@ -14,6 +14,7 @@ __all__ = [
     "AdmissionRequest",
     "CompiledPolicy",
     "Decision",
+    "Finding",
     "Inputs",
     "Listing",
     "NoInputs",

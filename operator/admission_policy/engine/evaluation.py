@@ -24,7 +24,7 @@ from ..api import REASON_CODES, LabelSelector, non_finite
 from ..cel import POLICY_BUDGET, CelEvaluationError, CompiledExpression, new_activation
 from ..plugins import Failure, PluginRequest
 from .compiler import BoundPlugin, CompiledMutation, CompiledPatchOperation, CompiledPolicy, CompiledValidation
-from .inputs import InputError, Inputs, NoInputs, context_lists, describe, select_params
+from .inputs import InputError, Inputs, NoInputs, context_lists, describe, labels_of, select_params
 from .patching import PatchError, apply_operation, diff, json_equal, merge
 from .podcontrollers import BY_RESOURCE, pod_view, template_of
 from .policyset import PolicySet
@@ -57,12 +57,16 @@ class PolicyOutcome:
     """What one matching policy did to the request: for reports, metrics and events."""
     policy: str
     enforcement: str
-    failures: tuple[str, ...] = ()    # failed validations (and errors under failurePolicy Fail)
+    findings: tuple[Finding, ...] = ()   # failed validations (and errors under failurePolicy Fail)
     errors: tuple[str, ...] = ()      # evaluation errors, whatever the failure policy
     mutated: bool = False
     denied: bool = False              # this policy denies the request
     template_of: str = ""             # a Pod policy on a workload: 'Deployment "web"', whose Pod template it judged
-    findings: tuple[Finding, ...] = ()   # the failures again, each with its validation (see Finding)
+
+    @property
+    def failures(self) -> tuple[str, ...]:
+        """The failed validations' messages."""
+        return tuple(finding.message for finding in self.findings)
 
     @property
     def result(self) -> str:
@@ -210,10 +214,10 @@ class _Run:
         ValidatingAdmissionPolicy does; not at all when none is and paramRef says Allow."""
         spec = policy.policy
         self.context = context_lists(spec, self.request, self.inputs) if spec.context else {}
-        params: list[Mapping[str, Any] | None] | None = [None]
+        params: list[Mapping[str, Any]] | list[None] = [None]
         if spec.param_kind is not None:
-            params = list(select_params(spec, self.request, self.inputs) or []) or None
-        for param in params or ():
+            params = select_params(spec, self.request, self.inputs) or []
+        for param in params:
             self.param = param
             self.activations.clear()
             self._bounds.clear()
@@ -538,7 +542,7 @@ class _Run:
         (the labels its Pods will have)."""
         for body in (self.object, self.request.old_object):
             if isinstance(body, Mapping):
-                yield _labels_of(template_of(body, template) if template else body)
+                yield labels_of(template_of(body, template) if template else body)
 
     def _namespace_matches(self, selector: LabelSelector) -> bool:
         """A cluster-scoped object is not subject to a namespaceSelector; a Namespace is its own."""
@@ -546,7 +550,7 @@ class _Run:
             return any(selector.matches(labels) for labels in self._labels())
         if not self.request.namespace:
             return True
-        return selector.matches(_labels_of(self.namespace_object))
+        return selector.matches(labels_of(self.namespace_object))
 
     def decision(self) -> Decision:
         outcomes: list[PolicyOutcome] = []
@@ -572,8 +576,8 @@ class _Run:
                 audit[name[:63]] = json.dumps([about + failure for failure in failures])
             if denied and not reason:
                 reason = record.reason or "Forbidden"
-            outcomes.append(PolicyOutcome(name, enforcement, failures, tuple(record.errors),
-                                          record.mutated, denied, workload, tuple(record.findings)))
+            outcomes.append(PolicyOutcome(name, enforcement, tuple(record.findings), tuple(record.errors),
+                                          record.mutated, denied, workload))
         patch: tuple[Mapping[str, Any], ...] = ()
         if self.object is not self.request.object and not denials:
             # Every value a mutation adds is checked to be JSON (no NaN, no Infinity) where it comes from.
@@ -657,13 +661,6 @@ def _bound(body: Any, managed_fields: bool) -> Any:
     if not isinstance(metadata, Mapping) or "managedFields" not in metadata:
         return body
     return {**body, "metadata": {key: value for key, value in metadata.items() if key != "managedFields"}}
-
-
-def _labels_of(body: Any) -> Mapping[str, Any]:
-    """``metadata.labels``, or none where the object is shaped otherwise (any JSON may come)."""
-    metadata = body.get("metadata") if isinstance(body, Mapping) else None
-    labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
-    return labels if isinstance(labels, Mapping) else {}
 
 
 def _measure(bodies: tuple[Any, ...], exact: bool) -> celcost.Sizes | str:
