@@ -85,7 +85,8 @@ class Entry:
         if self.would_mutate:
             properties["wouldMutate"] = "true"
         result: dict[str, Any] = {
-            "source": SOURCE, "policy": self.policy, "result": self.result, "scored": True,
+            # A warning does not count against a score (openreports; Kyverno's scored: "false").
+            "source": SOURCE, "policy": self.policy, "result": self.result, "scored": self.result != WARN,
             "timestamp": {"seconds": self.seen, "nanos": 0}, "resources": [self.ref.as_dict()],
             "properties": properties,
         }
@@ -137,18 +138,42 @@ class Results:
     def namespaces(self) -> set[str]:
         return set(self.counts)
 
-    def with_object(self, ref: ObjectRef, entries: Iterable[Entry]) -> Results:
-        """A copy where this object's results are ``entries`` (an admission's, newer than a scan's)."""
-        copied = Results({ns: list(kept) for ns, kept in self.entries.items()},
-                         {ns: collections.Counter(counts) for ns, counts in self.counts.items()})
-        kept = copied.entries.get(ref.namespace, [])
-        for old in [entry for entry in kept if entry.ref.same_object(ref)]:
-            kept.remove(old)
-            copied.counts[ref.namespace][old.result] -= 1
-        for entry in entries:
-            copied.add(entry)
+    def with_objects(self, objects: Iterable[tuple[ObjectRef, Iterable[Entry]]]) -> Results:
+        """A copy where each object's results are the given entries (an admission's, newer than a
+        scan's): one copy for all of them, since admissions may come by the thousand."""
+        by_namespace: dict[str, dict[tuple[str, str, str], list[Entry]]] = {}
+        for ref, entries in objects:
+            by_namespace.setdefault(ref.namespace, {})[ref.kind, ref.namespace, ref.name] = list(entries)
+        copied = Results(dict(self.entries), dict(self.counts))
+        for namespace, replaced in by_namespace.items():
+            counts = copied.counts[namespace] = collections.Counter(self.counts.get(namespace, ()))
+            kept = copied.entries[namespace] = []
+            for entry in self.entries.get(namespace, ()):
+                if (entry.ref.kind, entry.ref.namespace, entry.ref.name) in replaced:
+                    counts[entry.result] -= 1
+                else:
+                    kept.append(entry)
+            for entries in replaced.values():
+                for entry in entries:
+                    copied.add(entry)
         return copied
 
+
+
+def seen_in(report: Mapping[str, Any], policy: str) -> dict[tuple[str, str, str, str, str], int]:
+    """When each of a policy's results in a written report was first seen, by ``Entry.key``: a
+    restarted operator (or a new reconciling replica) keeps the timestamps, so it rewrites nothing."""
+    found: dict[tuple[str, str, str, str, str], int] = {}
+    for result in report.get("results") or ():
+        resources = result.get("resources") if isinstance(result, Mapping) else None
+        timestamp = result.get("timestamp") if isinstance(result, Mapping) else None
+        if result.get("policy") != policy or not resources or not isinstance(resources[0], Mapping) \
+                or not isinstance(timestamp, Mapping) or not isinstance(timestamp.get("seconds"), int):
+            continue
+        ref = resources[0]
+        found[policy, ref.get("uid") or f"{ref.get('kind')}/{ref.get('namespace', '')}/{ref.get('name')}",
+              result.get("rule", ""), result.get("result"), result.get("message", "")] = timestamp["seconds"]
+    return found
 
 
 def summary(counts: Mapping[str, int]) -> dict[str, int]:

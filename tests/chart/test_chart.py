@@ -242,13 +242,19 @@ def test_audit_settings_reach_the_operator_and_a_disabled_audit_gets_no_rbac(cha
     assert env_of(operator_container(docs))["AP_AUDIT_INTERVAL"] == "0"
     groups = {group for group, *_ in rules_of(operator_cluster_role(docs))}
     assert not groups & {"apps", "batch", "openreports.io"}, groups
+    role, _ = role_in(docs, NAMESPACE)   # the release namespace: no admission-results ConfigMaps either
+    assert {resource for _, resource, *_ in rules_of(role)} == {"secrets"}
 
 
-def test_report_crds_are_installed_only_when_asked(chart: helm.Chart) -> None:
-    def crds(values: dict) -> list[str]:
-        return sorted(d["metadata"]["name"] for d in render(chart, values) if d["kind"] == "CustomResourceDefinition")
+def test_report_crds_are_installed_only_when_asked_and_outlive_the_release(chart: helm.Chart) -> None:
+    """Uninstalling must not delete the Report CRDs: every tool's reports would go with them."""
+    def crds(values: dict) -> list[dict]:
+        return sorted((d for d in render(chart, values) if d["kind"] == "CustomResourceDefinition"),
+                      key=lambda d: d["metadata"]["name"])
     assert crds({}) == []
-    assert crds({"reports": {"installCRDs": True}}) == ["clusterreports.openreports.io", "reports.openreports.io"]
+    installed = crds({"reports": {"installCRDs": True}})
+    assert [d["metadata"]["name"] for d in installed] == ["clusterreports.openreports.io", "reports.openreports.io"]
+    assert [d["metadata"]["annotations"]["helm.sh/resource-policy"] for d in installed] == ["keep", "keep"]
 
 
 def test_extra_rules_are_appended(chart: helm.Chart) -> None:
@@ -292,6 +298,8 @@ def test_release_namespace_role_is_the_certificate_secret(chart: helm.Chart, sce
         ("", "secrets", "list", secret),    # watched by name (a metadata.name field selector)
         ("", "secrets", "watch", secret),
         ("", "secrets", "update", secret),
+        # spec.reportAdmission results handed between replicas (admission-results-<pod>).
+        *{("", "configmaps", verb, None) for verb in ("create", "list", "update", "delete")},
         # No events: the operator turns Kopf's posting off and posts its own in "default".
     }
     sa = operator_deployment(docs)["spec"]["template"]["spec"]["serviceAccountName"]

@@ -7,6 +7,7 @@ its results. The operator is the test's own, with a scan every few seconds.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import pathlib
 from collections.abc import Callable
@@ -20,10 +21,11 @@ from click.testing import CliRunner
 from e2e_kube import OWNED_LABEL, AdmissionPolicy, Cluster, OperatorProcess, Policies, eventually, policy_body, unique
 from prometheus_client.parser import text_string_to_metric_families
 from pykube.objects import APIObject, NamespacedAPIObject
-from replicas import replicas
+from replicas import replicas, requests_judged
 
 from admission_policy import reports
 from admission_policy.cli import main
+from admission_policy.operator import handoff
 
 REPORT_CRDS = pathlib.Path(__file__).resolve().parents[2] / "charts" / "admission-policy-operator" / "files" / \
     "openreports-crds.yaml"
@@ -172,3 +174,54 @@ def test_existing_objects_are_audited_into_status_and_reports_and_cleared_when_f
                 "role"] not in failing(a.obj, policy), "the ClusterReport to drop the policy's results", timeout)
         finally:
             applied.delete_all()   # while ours still runs: its finalizer
+
+
+def test_admission_results_reach_the_reports_whichever_replica_judged_them(
+        cluster: Cluster, operator: OperatorProcess, namespace: Callable[..., str], tmp_path: pathlib.Path,
+        request: pytest.FixtureRequest) -> None:
+    """spec.reportAdmission with two replicas behind one Service: every object an Audit policy
+    fails at admission is in the report at once — those the replica that does not reconcile
+    judged too (handed over through its ConfigMap), long before any scan (the interval is an hour)."""
+    install_report_crds(cluster)
+    ns = namespace()
+    selector = unique("handoff", limit=40)
+    policy = unique("e2e-handoff")
+    body = audit_policy(policy, selector)
+    body["spec"]["reportAdmission"] = True
+    timeout = cluster.settings.timeout
+    with replicas(cluster, operator, tmp_path, request, env={"AP_AUDIT_INTERVAL": "1h"},
+                  prefix="ap-e2e-handoff") as group:
+        leader, follower = group.processes
+        applied = Policies(cluster)
+        try:
+            applied.apply(body)
+            # The policy's first scan (nothing to find yet) is over before any object exists.
+            eventually(lambda: (cluster.get(AdmissionPolicy, policy).obj.get("status") or {}).get("audit") or {},
+                       lambda a: a.get("scannedGeneration") == 1, "the policy's first scan", timeout)
+
+            def create(index: int) -> str:
+                name = f"{selector}-{index}"
+                created = cluster.create(pykube.ConfigMap, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+                    "name": name, "namespace": ns, "labels": {"e2e-audit": selector}}})
+                assert created.ok, str(created)
+                return name
+
+            # Concurrent creates open several connections, which the proxy spreads over both replicas.
+            created: set[str] = set()
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                for batch in range(5):
+                    created |= set(pool.map(create, range(batch * 16, batch * 16 + 16)))
+                    if requests_judged(follower, policy) and requests_judged(leader, policy):
+                        break
+            assert requests_judged(follower, policy) > 0, "the replica that does not reconcile judged nothing"
+
+            def admitted(answer: Any) -> set[str]:
+                return {r["resources"][0]["name"] for r in answer.obj.get("results") or []
+                        if r["policy"] == policy and r["properties"]["origin"] == "admission"} if answer.ok else set()
+            eventually(lambda: cluster.get(Report, reports.NAME, ns), lambda a: admitted(a) == created,
+                       f"every admission failure in the Report of {ns}", timeout)
+            handed = cluster.get(pykube.ConfigMap, handoff.configmap_name(group.pod(follower)),
+                                 cluster.settings.operator_namespace)
+            assert handed.ok and selector in handed.obj["data"][handoff.DATA_KEY], str(handed)
+        finally:
+            applied.delete_all()   # while the replicas still run: their finalizer

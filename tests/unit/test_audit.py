@@ -198,10 +198,32 @@ def test_an_admission_result_replaces_the_scans_result_for_its_object() -> None:
     scanned.add(reports.Entry("team", "spec.validations[0]", "warn", "x", other, "Warn", 1))
     admitted = reports.Entry("team", "spec.validations[0]", "warn", "needs a team", reports.ObjectRef(
         "v1", "Pod", "web", "apps"), "Warn", 2, reports.ORIGIN_ADMISSION)
-    merged = scanned.with_object(admitted.ref, [admitted])
+    elsewhere = reports.Entry("team", "spec.validations[0]", "warn", "needs a team", reports.ObjectRef(
+        "v1", "Pod", "new", "other"), "Warn", 2, reports.ORIGIN_ADMISSION)
+    merged = scanned.with_objects([(admitted.ref, [admitted]), (elsewhere.ref, [elsewhere])])
     assert merged.counts["apps"] == {"pass": 0, "warn": 2}
     assert [(e.ref.name, e.origin) for e in merged.entries["apps"]] == [("db", "background"), ("web", "admission")]
+    assert merged.counts["other"] == {"warn": 1} and merged.entries["other"] == [elsewhere]
     assert scanned.counts["apps"] == {"pass": 1, "warn": 1}   # the scan's own results are left as they were
+    assert scanned.namespaces == {"apps"}
+
+
+def test_a_warning_is_not_scored_and_a_failure_is() -> None:
+    ref = reports.ObjectRef("v1", "Pod", "web", "apps", "uid-1")
+    assert reports.Entry("team", "r", "warn", "m", ref, "Warn", 1).as_dict()["scored"] is False
+    assert reports.Entry("team", "r", "fail", "m", ref, "Audit", 1).as_dict()["scored"] is True
+
+
+def test_a_report_read_back_gives_each_result_its_first_seen_time() -> None:
+    """A restarted operator's first scan keeps the timestamps the cluster's reports hold."""
+    found = entries_for(pod("b"), [policy(validations=TEAM)], seen=100) + \
+        entries_for(pod("c", labels={"team": "a"}), [policy(validations=TEAM)], seen=200) + \
+        entries_for(pod("d"), [policy("other", validations=TEAM[:1])], seen=300)
+    cluster_scoped = reports.Entry("team", "", "pass", "", reports.ObjectRef("v1", "Namespace", "apps"), "Enforce", 400)
+    content = reports.content(reports.build_report("apps", [*found, cluster_scoped], {}))
+    seen = reports.seen_in(content, "team")
+    assert seen == {entry.key: entry.seen for entry in [*found, cluster_scoped] if entry.policy == "team"}
+    assert len(seen) == 3
 
 
 def test_report_admission_is_a_boolean_naming_its_field() -> None:

@@ -11,6 +11,7 @@ own, and objects labelled ``policy-operator.dev/exempt=true``.
 
 The results go to the policy's ``status.audit`` (counts and the first violations), to the
 per-policy gauges, and to the openreports Reports (``reportwriter``), written after each round.
+``spec.reportAdmission`` failures judged by any replica join them (``handoff``).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from ..engine.background import (
     background_request,
     user_info_reads,
 )
-from . import metrics, registration
+from . import handoff, metrics, registration
 from .kube import Discovery, call_json, resource_path
 from .reportwriter import ReportBook
 from .settings import OperatorSettings
@@ -53,6 +54,10 @@ YIELD_EVERY: Final = 10    # objects judged between two pauses that give the eve
 REST_PER_BUSY: Final = 1.0
 LEADER_RECHECK: Final = 15.0   # seconds a "this replica reconciles" answer is trusted
 MAX_RELISTS: Final = 3     # a listing whose continue token expired starts over at most this often
+HANDOFF_EVERY: Final = 5.0  # seconds between two reads of the other replicas' admission results
+# An admission result a replica hands over is dropped after this many audit intervals: a scan has
+# superseded it by then (a scan starts at most one interval after the last one ended).
+HANDOFF_INTERVALS: Final = 3
 
 
 @dataclasses.dataclass
@@ -62,6 +67,7 @@ class Scan:
     finished: float
     results: reports.Results
     status: dict[str, Any]
+    began: int = 0     # seconds since the epoch: what was admitted before, the scan has judged
 
 
 class Auditor:
@@ -76,18 +82,21 @@ class Auditor:
         self.reconciles = reconciles
         self.clock = clock
         self.book = ReportBook(api_client)
+        self.handoff = handoff.Handoff(api_client, settings.namespace, settings.pod_name)
         self.scans: dict[str, Scan] = {}
         self.leading = False
         self._asked: tuple[float, bool] | None = None
-        # Admission results of reportAdmission policies, by policy and object, until a scan supersedes them.
-        self.admissions: dict[str, dict[tuple[str, str, str], tuple[reports.ObjectRef, list[reports.Entry]]]] = {}
+        self._collected: float | None = None   # when the others' admission results were last read
+        # Admission results of reportAdmission policies, by policy and object, until a scan supersedes
+        # them (the reconciling replica) or they are handed over (the others).
+        self.admissions: handoff.Admissions = {}
         self.admissions_changed = False
 
     def admitted(self, request: AdmissionRequest, decision: Decision) -> None:
         """Keep an Audit or Warn policy's failures at admission for the reports, when the policy
-        asks for it (``spec.reportAdmission``). Only the reconciling replica writes reports, so only
-        the requests it serves are reported at once; the others' objects are judged at the next scan."""
-        if not self.leading or request.dry_run or request.operation not in ("CREATE", "UPDATE") \
+        asks for it (``spec.reportAdmission``), whichever replica serves the request: the one that
+        reconciles writes them, the others hand them over."""
+        if request.dry_run or request.operation not in ("CREATE", "UPDATE") \
                 or request.sub_resource or not isinstance(request.object, Mapping):
             return
         for outcome in decision.outcomes:
@@ -105,9 +114,9 @@ class Auditor:
             result = AuditResult(outcome.policy, outcome.enforcement, WARN if outcome.enforcement == "Warn" else FAIL,
                                  outcome.findings, template_of=outcome.template_of)
             kept = self.admissions.setdefault(outcome.policy, {})
-            if len(kept) < reports.MAX_RESULTS:
-                kept[ref.kind, ref.namespace, ref.name] = (
-                    ref, reports.entries(result, ref, int(time.time()), reports.ORIGIN_ADMISSION))
+            key = ref.kind, ref.namespace, ref.name
+            if key in kept or len(kept) < reports.MAX_RESULTS:
+                kept[key] = ref, reports.entries(result, ref, int(time.time()), reports.ORIGIN_ADMISSION)
                 self.admissions_changed = True
 
     async def run(self) -> None:
@@ -128,18 +137,25 @@ class Auditor:
             await asyncio.sleep(min(TICK, self.settings.audit_interval))
 
     async def round(self) -> None:
-        """Scan the policies that are due, forget the deleted ones, write the reports that changed."""
-        if not await self._leads():
-            if self.leading:   # another replica took over: start afresh should this one lead again
-                self.scans.clear()
-                self.admissions.clear()
-                self.book = ReportBook(self.api)
-                self.leading = False
-            return
-        self.leading = True
+        """Scan the policies that are due, forget the deleted ones, write the reports that changed
+        (or, in a replica that does not reconcile, hand its admission results over)."""
         policies = {policy.name: policy for policy in self.store.policies}
         for name in set(self.admissions) - set(policies):
             del self.admissions[name]
+        if not await self._leads():
+            if self.leading:   # another replica took over: start afresh should this one lead again
+                for name in self.scans:
+                    metrics.audit_forget(name)   # the replica that reconciles exports them now
+                self.scans.clear()
+                self.book = ReportBook(self.api)
+                self.leading = False
+            self._expire_admissions()
+            await self.handoff.publish(self.admissions)
+            return
+        if not self.leading:
+            self.leading = True
+            self._collected = None   # read what the others handed over at once
+        await self._collect(policies)
         for name in set(self.scans) - set(policies):
             del self.scans[name]
             self.book.drop(name)
@@ -154,6 +170,9 @@ class Auditor:
         if not (due or self.book.dirty or self.book.written is None):
             return   # nothing to scan or write: an idle round costs no API call
         discovered = await self.discovery.resources()
+        installed = any(d.group == reports.GROUP and d.resource == reports.REPORTS for d in discovered)
+        if due:
+            await self.book.load(installed)   # the reports' timestamps carry over into a first scan
         for policy in due:
             generation = self.store.generations.get(policy.name, 0)
             scan = await self.scan(policy, generation, discovered)
@@ -165,22 +184,62 @@ class Auditor:
             metrics.audit_scanned(policy.name, scan.status["objectsScanned"], scan.status["violations"],
                                   scan.status["scanSeconds"])
             await self._write_status(policy.name, scan.status)
-        await self.book.flush(any(d.group == reports.GROUP and d.resource == reports.REPORTS for d in discovered))
+        await self.book.flush(installed)
 
     def _with_admissions(self, name: str, results: reports.Results) -> reports.Results:
-        for ref, entries in self.admissions.get(name, {}).values():
-            results = results.with_object(ref, entries)
-        return results
+        admitted = self.admissions.get(name)
+        return results.with_objects(admitted.values()) if admitted else results
 
     def _superseded(self, name: str, scan: Scan) -> None:
         """A scan judged every object admitted before it began: drop those admission results."""
-        began = int(time.time() - (scan.status["scanSeconds"] or 0)) - 1
         kept = {key: value for key, value in self.admissions.get(name, {}).items()
-                if any(entry.seen >= began for entry in value[1])}
+                if _newest(value[1]) >= scan.began}
         if kept:
             self.admissions[name] = kept
         else:
             self.admissions.pop(name, None)
+
+    def _expire_admissions(self) -> None:
+        """In a replica that does not reconcile: forget results a scan has certainly judged since."""
+        oldest = time.time() - HANDOFF_INTERVALS * self.settings.audit_interval - TICK
+        for name, kept in list(self.admissions.items()):
+            fresh = {key: value for key, value in kept.items() if _newest(value[1]) >= oldest}
+            if len(fresh) < len(kept):
+                self.admissions_changed = True
+                if fresh:
+                    self.admissions[name] = fresh
+                else:
+                    del self.admissions[name]
+
+    async def _collect(self, policies: Mapping[str, CompiledPolicy]) -> None:
+        """Take over what the other replicas judged: on taking over, then every ``HANDOFF_EVERY``
+        seconds while some policy reports admissions. A ConfigMap holding nothing a scan has not
+        superseded is deleted (its replica may be gone)."""
+        if self._collected is not None and (self.clock() - self._collected < HANDOFF_EVERY or not any(
+                policy.policy.report_admission for policy in policies.values())):
+            return
+        self._collected = self.clock()
+        found = await self.handoff.collect()
+        for name, entries in (found or {}).items():
+            current = False
+            for policy, objects in handoff.by_object(entries).items():
+                compiled, scan = policies.get(policy), self.scans.get(policy)
+                if compiled is None or not compiled.policy.report_admission:
+                    continue
+                kept = self.admissions.setdefault(policy, {})
+                for key, (ref, admitted) in objects.items():
+                    if scan is not None and _newest(admitted) < scan.began:
+                        continue
+                    current = True
+                    have = kept.get(key)
+                    if (have is None and len(kept) < reports.MAX_RESULTS) or \
+                            (have is not None and _newest(have[1]) < _newest(admitted)):
+                        kept[key] = ref, admitted
+                        self.admissions_changed = True
+                if not kept:
+                    del self.admissions[policy]
+            if not current:
+                await self.handoff.remove(name)
 
     async def _leads(self) -> bool:
         """Whether this replica reconciles, asked at most every ``LEADER_RECHECK`` seconds (the
@@ -200,8 +259,8 @@ class Auditor:
         (a listing that fails is named in ``status.audit.message``)."""
         started = self.clock()
         previous = self.scans.get(policy.name)
-        first_seen = {entry.key: entry.seen for entries in (previous.results.entries.values() if previous else ())
-                      for entry in entries}
+        first_seen = {entry.key: entry.seen for entries in previous.results.entries.values()
+                      for entry in entries} if previous else self.book.seen(policy.name)
         now = int(time.time())
         results = reports.Results()
         tally: collections.Counter[str] = collections.Counter()
@@ -233,7 +292,7 @@ class Auditor:
                 logger.warning("AdmissionPolicy %s: audit: %s", policy.name, exc)
         seconds = self.clock() - started
         return Scan(generation, self.clock(), results,
-                    _status(policy, generation, tally, violations, problems, targets, seconds))
+                    _status(policy, generation, tally, violations, problems, targets, seconds), began=now - 1)
 
     async def _write_status(self, name: str, audit: Mapping[str, Any]) -> None:
         status, answer = await call_json(
@@ -248,16 +307,23 @@ async def list_objects(api_client: client.ApiClient, settings: OperatorSettings,
                        progress: Callable[[int, int | None], None] | None = None,
                        ) -> AsyncIterator[tuple[Resource, dict[str, Any]]]:
     """The objects of one resource, ``settings.audit_page_size`` at a time, without those
-    admission never judges. ``progress(listed, estimated total)`` after each page."""
+    admission never judges, each once. ``progress(listed, estimated total)`` after each page.
+
+    A continue token that expired (410) is followed by the one the API server offers with it (the
+    rest of the list from a newer snapshot: right for an audit); without one, the listing starts
+    over and skips what it already gave — items come in key order, namespace then name."""
     path = resource_path(target.group, target.version, target.resource)
     token, relists, listed = "", 0, 0
+    given, skip_to = "", ""   # the key of the last item given; after starting over, skip up to it
     while True:
         query = [("limit", str(settings.audit_page_size)), ("labelSelector", f"{EXEMPT_LABEL}!=true")]
         if token:
             query.append(("continue", token))
         status, page = await call_json(api_client, "GET", path, query=query)
-        if status == 410 and token and relists < MAX_RELISTS:   # the continue token expired: start over
-            token, relists, listed = "", relists + 1, 0
+        if status == 410 and token and relists < MAX_RELISTS:   # the continue token expired
+            offered = (page.get("metadata") or {}).get("continue") if isinstance(page, Mapping) else None
+            token, relists = str(offered or ""), relists + 1
+            skip_to, listed = ("", listed) if token else (given, 0)
             continue
         if status != 200 or not isinstance(page, Mapping):
             message = page.get("message", "") if isinstance(page, Mapping) else ""
@@ -276,9 +342,13 @@ async def list_objects(api_client: client.ApiClient, settings: OperatorSettings,
         for item in items:
             if not isinstance(item, dict):
                 continue
+            metadata = item.get("metadata") or {}
+            key = f"{metadata.get('namespace') or ''}/{metadata.get('name') or ''}"
+            if skip_to and key <= skip_to:   # (only after starting over: aggregated APIs need not sort)
+                continue
+            given = key
             item.setdefault("apiVersion", resource.api_version)
             item.setdefault("kind", kind)
-            metadata = item.get("metadata") or {}
             if (metadata.get("labels") or {}).get(EXEMPT_LABEL) == "true":   # the selector's job, unless ignored
                 continue
             namespace = str(metadata.get("namespace") or "") if target.namespaced else ""
@@ -288,6 +358,10 @@ async def list_objects(api_client: client.ApiClient, settings: OperatorSettings,
         token = str(meta.get("continue") or "")
         if not token:
             return
+
+
+def _newest(entries: list[reports.Entry]) -> int:
+    return max((entry.seen for entry in entries), default=0)
 
 
 class ListingError(Exception):

@@ -60,22 +60,35 @@ class ReportBook:
                 counts.update(results.counts[namespace])
         return reports.build_report(namespace, entries, counts) if found else None
 
-    async def flush(self, installed: bool) -> int:
-        """Write what changed; the number of API writes (0 when nothing changed)."""
+    def seen(self, policy: str) -> dict[tuple[str, str, str, str, str], int]:
+        """When the reports read from the cluster first saw each of a policy's results: a restarted
+        operator's first scan keeps them, so it rewrites nothing that did not change."""
+        return {key: seen for content in (self.written or {}).values()
+                for key, seen in reports.seen_in(content, policy).items()}
+
+    async def load(self, installed: bool) -> bool:
+        """Read the reports the cluster holds, unless done already; False while they cannot be read."""
         if not installed:
             self.written = None
-            return 0
+            return False
         if self.written is None:
             if time.monotonic() < self._read_again:
-                return 0
+                return False
             try:
                 self.written = await self._read_cluster()
             except client.ApiException as exc:   # RBAC, say: said once a minute, not every round
                 self._read_again = time.monotonic() + READ_BACKOFF
                 logger.warning("Reading the audit reports failed (trying again in %.0f s): %s", READ_BACKOFF,
                                exc.reason)
-                return 0
+                return False
             self.dirty |= set(self.written) | {ns for results in self.results.values() for ns in results.namespaces}
+        return True
+
+    async def flush(self, installed: bool) -> int:
+        """Write what changed; the number of API writes (0 when nothing changed)."""
+        if not await self.load(installed):
+            return 0
+        assert self.written is not None
         writes = 0
         for namespace in sorted(self.dirty):
             body = self.desired(namespace)
