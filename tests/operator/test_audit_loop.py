@@ -96,6 +96,30 @@ async def test_existing_objects_are_scanned_into_status_and_one_report_written_o
         await wait_for(lambda: emulator.peek(REPORTS, reports.NAME, namespace="apps") is None, timeout=20)
 
 
+async def test_a_restarted_operator_rewrites_no_report_that_did_not_change(
+        emulator: Emulator, run_operator: Any, env: dict[str, str]) -> None:
+    """Each result keeps the time it was first seen across a restart (read back from the report):
+    a restart used to rewrite every report, the timestamps being the new scan's."""
+    for crd in yaml.safe_load_all(REPORT_CRDS.read_text()):
+        emulator.declare_crd(crd)
+    emulator.kmock.put_object(CONFIGMAPS, configmap("bad"))
+    async with operator_running(run_operator):
+        await emulator.create(ADMISSION_POLICIES, policy_body(
+            "team", enforcement="Audit", match={"resources": [CONFIGMAP_RULE]}, validations=TEAM))
+        await wait_for(lambda: emulator.peek(REPORTS, reports.NAME, namespace="apps") is not None, timeout=20)
+    report = emulator.peek(REPORTS, reports.NAME, namespace="apps")
+    assert report is not None
+    scanned = audit_status(emulator, "team")["lastScanTime"]
+    await asyncio.sleep(1.1)   # a new scan's own timestamps would differ
+    async with operator_running(run_operator):
+        await wait_for(lambda: audit_status(emulator, "team").get("lastScanTime") != scanned, timeout=20)
+        await asyncio.sleep(2.5)   # the round's writes are done
+        again = emulator.peek(REPORTS, reports.NAME, namespace="apps")
+        assert again is not None and again["metadata"]["resourceVersion"] == report["metadata"]["resourceVersion"]
+        await emulator.delete(ADMISSION_POLICIES, "team")
+        await wait_for(lambda: emulator.peek(ADMISSION_POLICIES, "team") is None, timeout=20)
+
+
 async def test_without_the_report_crds_only_the_status_is_written(
         emulator: Emulator, run_operator: Any, env: dict[str, str]) -> None:
     emulator.kmock.put_object(CONFIGMAPS, configmap("bad"))
