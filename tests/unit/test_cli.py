@@ -349,3 +349,151 @@ def test_an_evaluation_error_is_printed_once(tmp_path: Path) -> None:
     _, out, _ = run("test", "-p", str(policy), str(pod))
     assert out.count('Key not found in map : "labels"') == 1, out
     assert "field is absent" in out
+
+
+# --- params and context from files: every object is read, or the input is refused --------------------------
+
+QUOTA = EXAMPLES / "deployment-quota"
+OVER_QUOTA = "to 4500m (in use: 2500m, requested: 4 \N{MULTIPLICATION SIGN} 500m), over the limit of 4"
+
+
+def as_list(*paths: Path) -> str:
+    """What `kubectl get ... -o yaml` prints for these objects."""
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""},
+                           "items": [yaml.safe_load(path.read_text()) for path in paths]})
+
+
+def test_kubectl_list_output_and_multi_document_files_give_every_object(tmp_path: Path) -> None:
+    """Objects from `kubectl get -o yaml` (a List) and multi-document files are all read: the quota
+    is exceeded only when both Deployments in use are counted."""
+    in_use = (QUOTA / "cluster" / "api.yaml", QUOTA / "cluster" / "worker.yaml")
+    (tmp_path / "deployments.yaml").write_text(as_list(*in_use))
+    (tmp_path / "quota.yaml").write_text(as_list(QUOTA / "cluster" / "quota.yaml"))
+    code, out, err = run("test", "-p", str(QUOTA / "policy.yaml"), "--param", str(tmp_path / "quota.yaml"),
+                         f"--context=deployments={tmp_path / 'deployments.yaml'}", str(QUOTA / "deployment-web-4.yaml"))
+    assert code == 0, out + err
+    assert "DENIED" in out and OVER_QUOTA in out
+    (tmp_path / "deployments.yaml").write_text("\n---\n".join(path.read_text() for path in in_use))
+    code, out, err = run("test", "-p", str(QUOTA / "policy.yaml"), "--param", str(tmp_path / "quota.yaml"),
+                         f"--context=deployments={tmp_path / 'deployments.yaml'}", str(QUOTA / "deployment-web-4.yaml"))
+    assert code == 0 and OVER_QUOTA in out, out + err
+
+
+def test_each_item_of_a_list_is_an_object_to_test(tmp_path: Path) -> None:
+    """A List used to be judged as one object of resource "lists": no policy matched, ALLOWED."""
+    (tmp_path / "pods.yaml").write_text(as_list(OFFENSIVE / "pod-nice.yaml", OFFENSIVE / "pod-offensive.yaml"))
+    code, out, err = run("test", "-p", str(OFFENSIVE / "policy.yaml"), str(tmp_path / "pods.yaml"))
+    assert code == 0, out + err
+    assert f"{tmp_path / 'pods.yaml'} items[0] (pods " in out and f"{tmp_path / 'pods.yaml'} items[1] (pods " in out
+    assert "DENIED" in out and "lists" not in out
+
+
+def test_review_reads_namespaces_from_kubectl_list_output(tmp_path: Path) -> None:
+    policy = write_policy(tmp_path / "policy.yaml", "prod-only", validations=[
+        {"expression": "false", "message": "nothing runs in prod"}])
+    body = yaml.safe_load(policy.read_text())
+    body["spec"]["match"]["namespaceSelector"] = {"matchLabels": {"env": "prod"}}
+    policy.write_text(yaml.safe_dump(body))
+    (tmp_path / "namespaces.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"env": env}}}
+        for name, env in (("dev", "dev"), ("default", "prod"))]}))
+    code, out, err = run("review", "-p", str(policy), "-n", str(tmp_path / "namespaces.yaml"), "-",
+                         stdin=json.dumps(review_request("web")))
+    assert code == 0, out + err
+    assert "nothing runs in prod" in json.loads(out)["response"]["status"]["message"]
+
+
+@pytest.mark.parametrize(("param", "context", "words"), [
+    ("- not an object\n", None, "param.yaml: expected a Kubernetes object with apiVersion and kind"),
+    ("{apiVersion: v1, kind: List, items: [{kind: ConfigMap}]}\n", None,
+     "param.yaml items[0]: expected a Kubernetes object with apiVersion and kind"),
+    ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n---\n[1, 2]\n", None,
+     "param.yaml#2: expected a Kubernetes object with apiVersion and kind"),
+    ("apiVersion: v1\nkind: Secret\nmetadata: {name: deployment-quota, namespace: team-a}\n", None,
+     "param.yaml: Secret team-a/deployment-quota (v1) is not the spec.paramKind of any policy "
+     "(they read ConfigMap.v1)"),
+    (None, "deployment=api.yaml", "--context deployment: no policy declares context 'deployment' in spec.context "
+                                  "(declared: deployments)"),
+    (None, "deployments=quota.yaml", "quota.yaml: ConfigMap team-a/deployment-quota (v1) is not what context "
+                                     "'deployments' of AdmissionPolicy 'deployment-quota' lists: deployments of "
+                                     "API group apps (spec.context[0])"),
+])
+def test_params_and_context_no_policy_would_read_are_refused(tmp_path: Path, param: str | None, context: str | None,
+                                                              words: str) -> None:
+    """A typo'd file used to be dropped without a word, and the object judged without it."""
+    args = ["test", "-p", str(QUOTA / "policy.yaml")]
+    if param is not None:
+        (tmp_path / "param.yaml").write_text(param)
+        args += ["--param", str(tmp_path / "param.yaml")]
+    if context is not None:
+        name, _, file = context.partition("=")
+        args += ["--context", f"{name}={QUOTA / 'cluster' / file}"]
+    code, out, err = run(*args, str(QUOTA / "deployment-web-4.yaml"))
+    assert code == 2, out + err
+    assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_suite_reads_lists_and_multi_document_files_and_refuses_an_undeclared_context(tmp_path: Path) -> None:
+    copy = tmp_path / "quota"
+    shutil.copytree(QUOTA, copy)
+    (copy / "cluster" / "in-use.yaml").write_text(as_list(QUOTA / "cluster" / "api.yaml",
+                                                          QUOTA / "cluster" / "worker.yaml"))
+    suite = yaml.safe_load((copy / "test.yaml").read_text())
+    suite["context"] = {"deployments": ["cluster/in-use.yaml"]}
+    (copy / "test.yaml").write_text(yaml.safe_dump(suite, allow_unicode=True))
+    code, out, err = run("test", str(copy))
+    assert code == 0, out + err
+
+    suite["cases"][0]["context"] = {"deployment": ["cluster/api.yaml"]}
+    (copy / "test.yaml").write_text(yaml.safe_dump(suite, allow_unicode=True))
+    code, out, _ = run("test", str(copy))
+    assert code == 1
+    assert (f"FAIL  {suite['cases'][0]['name']}\n        cannot run: cases[0].context.deployment: no policy declares "
+            "context 'deployment' in spec.context (declared: deployments)") in out
+
+
+# --- feature gates offline ------------------------------------------------------------------------------
+
+IMAGES = EXAMPLES / "image-references"
+
+
+@pytest.mark.parametrize("command", [
+    ["test", "-p", str(IMAGES / "policy.yaml"), str(IMAGES / "pod-no-digest.yaml")],
+    ["lint", str(IMAGES / "policy.yaml")],
+    ["review", "-p", str(IMAGES / "policy.yaml"), "-"],
+    ["audit", "-p", str(IMAGES / "policy.yaml"), str(IMAGES / "pod-no-digest.yaml")],
+])
+def test_bad_feature_gates_are_one_line_naming_their_origin(command: list[str]) -> None:
+    result = CliRunner().invoke(main, command, env={"AP_FEATURE_GATES": "ImageReferencePlugin=false"},
+                                input=json.dumps(review_request("web")))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: AP_FEATURE_GATES: unknown feature gate 'ImageReferencePlugin' (known: ")
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    code, _, err = run(*command[:1], "--feature-gates", "ImageReferencesPlugin=off", *command[1:],
+                       stdin=json.dumps(review_request("web")))
+    assert code == 2 and err == ("error: --feature-gates: feature gate 'ImageReferencesPlugin=off': "
+                                 "expected Name=true or Name=false\n")
+
+
+def test_a_gated_off_plugin_is_said_to_be_skipped(tmp_path: Path) -> None:
+    """Offline as in the cluster, the plugin's rules are skipped; the CLI says so rather than let
+    "ok" or "ALLOWED" pass for a check that never ran."""
+    off = ("--feature-gates", "ImageReferencesPlugin=false")
+    skipped = (f"{IMAGES / 'policy.yaml'}: AdmissionPolicy 'image-references': spec.validations[1].plugin: plugin "
+               "'image-references' is switched off by feature gate ImageReferencesPlugin=false; this rule is skipped")
+    code, out, _ = run("lint", *off, str(IMAGES / "policy.yaml"))
+    assert code == 0, out
+    assert f"warn   {skipped}" in out and "1 with plugin rules a feature gate switches off" in out
+    code, out, _ = run("lint", *off, "-o", "json", str(IMAGES / "policy.yaml"))
+    assert code == 0 and json.loads(out)["policies"][0]["warnings"] == [skipped]
+
+    code, out, err = run("test", *off, "-p", str(IMAGES / "policy.yaml"), str(IMAGES / "pod-no-digest.yaml"))
+    assert code == 0 and "ALLOWED" in out, out + err
+    assert f"warning: {skipped}" in err
+    code, out, err = run("review", *off, "-p", str(IMAGES / "policy.yaml"), "-",
+                         stdin=json.dumps(review_request("web")))
+    assert code == 0 and json.loads(out)["response"]["allowed"] is True
+    assert f"warning: {skipped}" in err
+    # Without the flag the same pod is denied, and nothing is said about gates.
+    code, out, err = run("test", "-p", str(IMAGES / "policy.yaml"), str(IMAGES / "pod-no-digest.yaml"))
+    assert "DENIED" in out and "warning" not in err

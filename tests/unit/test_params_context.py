@@ -141,6 +141,18 @@ def test_the_param_is_read_in_the_request_namespace_or_a_fixed_one() -> None:
     assert "at most 1 replicas" in decide(fixed, deployment(replicas=4), inputs).message
 
 
+def test_a_param_is_found_at_any_version_of_its_group_as_the_operator_finds_it() -> None:
+    """The operator watches paramKind's group and kind, served converted to its version: a file
+    holding the object at another version of the group is the same param offline."""
+    compiled = policy(paramKind={"apiVersion": "quota.example.com/v1", "kind": "Limits"},
+                      paramRef={"name": "limits"}, validations=LIMIT)
+    stored = {**configmap("limits", max="1"), "apiVersion": "quota.example.com/v1beta1", "kind": "Limits"}
+    denied = decide(compiled, deployment(replicas=2), StaticInputs([stored]))
+    assert "at most 1 replicas (limits)" in denied.message
+    other_group = {**stored, "apiVersion": "quota.other.com/v1"}
+    assert "param Limits team-a/limits not found" in decide(compiled, deployment(), StaticInputs([other_group])).message
+
+
 def test_a_missing_param_follows_parameter_not_found_action_and_failure_policy() -> None:
     deny = policy(**PARAMS, validations=LIMIT)
     refused = decide(deny, deployment(), StaticInputs())

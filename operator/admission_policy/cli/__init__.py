@@ -1,20 +1,22 @@
 """``admission-policy``: evaluate policies offline, with the very engine the webhook runs.
 
-Exit codes: 0 success, 1 an expectation of a test suite failed, 2 unusable input.
+Exit codes: 0 success, 1 an expectation of a test suite failed (``audit``: an Enforce policy is
+violated), 2 unusable input, 3 ``audit`` is incomplete (a resource could not be listed).
 """
 from __future__ import annotations
 
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
 import click
 
-from .. import api
+from .. import api, features, plugins
 from ..engine import (
+    CompiledPolicy,
     Decision,
     Phase,
     PolicySet,
@@ -26,35 +28,74 @@ from ..engine import (
 )
 from ..operator.settings import OperatorSettings
 from .admission import admit
-from .documents import Document, InputError, documents_in, dump_json, load_policies, read_documents, walk
+from .documents import (
+    Document,
+    Found,
+    InputError,
+    documents_in,
+    dump_json,
+    kubernetes_objects,
+    load_policies,
+    objects_in,
+    read_documents,
+    walk,
+)
+from .inputs import checked_inputs
 from .lint import lint_json, lint_policies, lint_text
 from .report import decision_json, decision_text, suites_json, suites_text
 from .requests import build_review, namespace_object
 from .suite import SuiteResult, is_suite, run_suite
 
+AUDIT_INCOMPLETE = 3   # `audit --kubeconfig`: some resources could not be listed, no Enforce violation found
 _OPERATIONS = click.Choice(["CREATE", "UPDATE", "DELETE", "CONNECT"], case_sensitive=False)
 
 
 def _input_options(fn: Any) -> Any:
     """--param and --context: what the cluster would hold for policies that read params or context."""
     fn = click.option("--context", "context_specs", multiple=True, metavar="NAME=FILE_OR_DIR",
-                      help="Objects for context.NAME (repeatable; every object of the files, none for an "
-                           "empty directory).")(fn)
+                      help="Objects for context.NAME, a name a policy declares (repeatable; every object of "
+                           "the files, Lists included; none for an empty directory).")(fn)
     return click.option("--param", "param_paths", multiple=True, type=click.Path(), metavar="FILE_OR_DIR",
-                        help="Param objects, for policies with spec.paramKind (repeatable).")(fn)
+                        help="Param objects of a policy's spec.paramKind (repeatable; every object of the files, "
+                             "Lists included).")(fn)
 
 
-def _read_inputs(param_paths: Sequence[str], context_specs: Sequence[str]) -> StaticInputs:
-    params = [document.body for path in param_paths for document in documents_in(path)
-              if isinstance(document.body, dict)]
-    context: dict[str, list[Any]] = {}
+def _gates_option(fn: Any) -> Any:
+    """--feature-gates, as `run` takes it: rules of gated-off plugins are skipped, as in the cluster."""
+    return click.option("--feature-gates", "feature_gates", envvar=features.ENV, default="",
+                        metavar="Name=true|false,...",
+                        help="Feature gates as the operator would be given them; `admission-policy plugins` "
+                             f"lists them [env {features.ENV}].")(fn)
+
+
+def _parse_gates(text: str, output: str = "text", found: plugins.Registry | None = None) -> features.FeatureGates:
+    """The gates given, or exit 2 with one line saying whether the flag or the variable is wrong."""
+    try:
+        return features.parse(text, found)
+    except features.FeatureGateError as exc:
+        source = click.get_current_context().get_parameter_source("feature_gates")
+        given = features.ENV if source == click.ParameterSource.ENVIRONMENT else "--feature-gates"
+        _fail(InputError(f"{given}: {exc}"), output)
+
+
+def _use_gates(text: str, output: str = "text") -> None:
+    """Set the gates before any policy is compiled, for this command only (the CLI may run inside
+    another program, as in tests)."""
+    features.configure(_parse_gates(text, output))
+    click.get_current_context().call_on_close(lambda: features.configure(None))
+
+
+def _read_inputs(param_paths: Sequence[str], context_specs: Sequence[str],
+                 policies: Iterable[CompiledPolicy]) -> StaticInputs:
+    """The objects of --param and --context files, checked against the policies that read them."""
+    params = [found for path in param_paths for found in objects_in(path)]
+    context: dict[str, tuple[str, list[Found]]] = {}
     for spec in context_specs:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise InputError(f"--context: {spec!r} is not NAME=FILE_OR_DIR")
-        context.setdefault(name, []).extend(document.body for document in documents_in(path)
-                                            if isinstance(document.body, dict))
-    return StaticInputs(params, context)
+        context.setdefault(name, (f"--context {name}", []))[1].extend(objects_in(path))
+    return checked_inputs(policies, params, context)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -88,18 +129,21 @@ def main() -> None:
 @click.option("--group", "groups", multiple=True, help="userInfo.groups entry (repeatable).")
 @click.option("--subresource", default="", help="subResource for plain objects, e.g. status.")
 @_input_options
+@_gates_option
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.argument("paths", nargs=-1, type=click.Path())
 def test(policy_paths: Sequence[str], operation: str, old_path: str | None, namespace_labels: str, user: str,
          groups: Sequence[str], subresource: str, param_paths: Sequence[str], context_specs: Sequence[str],
-         output: str, paths: Sequence[str]) -> None:
+         feature_gates: str, output: str, paths: Sequence[str]) -> None:
     """Run AdmissionPolicyTest suites, or evaluate objects against policies.
 
     Each PATH is a file or directory. In directories, AdmissionPolicyTest suites are run. In
-    files, a suite is run, an AdmissionReview is evaluated as it is, and any other object is
-    evaluated as a request with --operation, against the policies given with --policy.
+    files, a suite is run, an AdmissionReview is evaluated as it is, and any other object (each
+    item of a List) is evaluated as a request with --operation, against the policies given with
+    --policy.
     Exits 1 when a suite expectation fails, 2 on unusable input.
     """
+    _use_gates(feature_gates, output)
     try:
         policies = PolicySet(load_policies(policy_paths)) if policy_paths else PolicySet()
         if policy_paths and not len(policies):
@@ -113,7 +157,7 @@ def test(policy_paths: Sequence[str], operation: str, old_path: str | None, name
         labels = _parse_labels(namespace_labels)
         user_info = {"username": user, "groups": list(groups) or ["system:authenticated"]}
         results = [run_suite(document) for document in suites]
-        given = _read_inputs(param_paths, context_specs)
+        given = _read_inputs(param_paths, context_specs, policies)
         evaluated = [_evaluate_input(policies, document, operation.upper(), old, labels, user_info, subresource,
                                      given) for document in inputs]
     except InputError as exc:
@@ -131,22 +175,23 @@ def test(policy_paths: Sequence[str], operation: str, old_path: str | None, name
 @click.option("--phase", type=click.Choice([p.value for p in Phase]), default=Phase.ALL.value, show_default=True,
               help="Which webhook to act as: mutate, validate, or both in the API server's order.")
 @_input_options
+@_gates_option
 @click.argument("review_path", metavar="REVIEW.json|-", type=click.Path())
 def review(policy_paths: Sequence[str], namespace_paths: Sequence[str], phase: str, param_paths: Sequence[str],
-           context_specs: Sequence[str], review_path: str) -> None:
+           context_specs: Sequence[str], feature_gates: str, review_path: str) -> None:
     """Print the AdmissionReview response the webhook returns for an AdmissionReview request.
 
     Exits 0 whenever a response was produced, allowed or not; 2 for unusable input.
     """
+    _use_gates(feature_gates)
     try:
         policies = PolicySet(load_policies(policy_paths))
         namespaces: dict[str, Any] = {}
-        for path in namespace_paths:
-            for document in read_documents(path):
-                if document.kind != "Namespace":
-                    raise InputError(f"{document.source}: expected a Namespace, got kind {document.kind!r}")
-                namespaces[str((document.body.get("metadata") or {}).get("name", ""))] = document.body
-        given = _read_inputs(param_paths, context_specs)
+        for source, body in (found for path in namespace_paths for found in objects_in(path)):
+            if body["kind"] != "Namespace":
+                raise InputError(f"{source}: expected a Namespace, got kind {body['kind']!r}")
+            namespaces[str((body.get("metadata") or {}).get("name", ""))] = body
+        given = _read_inputs(param_paths, context_specs, policies)
         documents = read_documents(review_path)
         if len(documents) != 1:
             raise InputError(f"{review_path}: expected one AdmissionReview, found {len(documents)} documents")
@@ -170,9 +215,10 @@ def review(policy_paths: Sequence[str], namespace_paths: Sequence[str], phase: s
 @click.option("--progress", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
               help="A progress bar on standard error while listing a cluster (auto: when it is a terminal).")
 @_input_options
+@_gates_option
 @click.argument("paths", nargs=-1, type=click.Path())
 def audit(policy_paths: Sequence[str], kubeconfig: str | None, output: str, progress: str,
-          param_paths: Sequence[str], context_specs: Sequence[str], paths: Sequence[str]) -> None:
+          param_paths: Sequence[str], context_specs: Sequence[str], feature_gates: str, paths: Sequence[str]) -> None:
     """Judge existing objects as the operator's background audit does.
 
     \b
@@ -183,10 +229,13 @@ def audit(policy_paths: Sequence[str], kubeconfig: str | None, output: str, prog
     Each object is evaluated as a background request: request.operation CREATE, no
     oldObject, an empty request.userInfo; validations judge the object as it is, and
     mutations are only reported ("would mutate"). Policies that read params or context get
-    them from --param and --context files, also against a cluster.
+    them from --param and --context files, also against a cluster. A resource the cluster
+    refuses to list (RBAC's 403, an API down) is named on standard error and the audit goes on
+    with the rest, as the operator's does.
 
     Exits 1 when an Enforce policy is violated (a CI gate for manifests), 2 for unusable
-    input, 0 otherwise.
+    input, 3 when no Enforce policy is violated but some resources could not be listed (the
+    audit is incomplete), 0 otherwise.
     """
     import asyncio
     import os
@@ -196,21 +245,24 @@ def audit(policy_paths: Sequence[str], kubeconfig: str | None, output: str, prog
 
     from .audit import audit_cluster, audit_manifests, progress_enabled, report_list, stderr_progress, table
 
+    _use_gates(feature_gates, output)
     try:
         if kubeconfig is not None and paths:
             raise InputError("give manifests (PATHs) or --kubeconfig, not both")
         if kubeconfig is None and not paths:
             raise InputError("nothing to audit: give manifests (PATHs, - for standard input) or --kubeconfig")
+        if kubeconfig is not None:
+            _check_kubeconfig(kubeconfig)
         policies = load_policies(policy_paths)
         if not policies:
             raise InputError(f"no AdmissionPolicy found in {', '.join(policy_paths)}")
         now = int(time.time())
-        given = _read_inputs(param_paths, context_specs)
+        given = _read_inputs(param_paths, context_specs, policies)
         if kubeconfig is None:
             run = audit_manifests(policies, paths, now, given)
         else:
-            try:
-                settings = OperatorSettings.from_env(os.environ)
+            try:   # the gates as given above, whichever of the flag and the variable gave them
+                settings = OperatorSettings.from_env({**os.environ, features.ENV: feature_gates})
             except ValueError as exc:
                 raise InputError(str(exc)) from None
             try:
@@ -228,21 +280,40 @@ def audit(policy_paths: Sequence[str], kubeconfig: str | None, output: str, prog
         click.echo(dump_json(report_list(run)))
     else:
         click.echo(yaml.safe_dump(report_list(run), sort_keys=False), nl=False)
-    sys.exit(1 if run.enforce_violated else 0)
+    for problem in run.unlisted:
+        click.echo(f"warning: {problem}: its objects are not audited", err=True)
+    sys.exit(1 if run.enforce_violated else AUDIT_INCOMPLETE if run.unlisted else 0)
+
+
+def _check_kubeconfig(path: str) -> None:
+    """What the Kubernetes client would answer with "Expected key current-context" (a missing or
+    empty file) or a bare TypeError, said plainly and naming the file."""
+    if not Path(path).is_file():
+        raise InputError(f"--kubeconfig {path}: no such file")
+    try:
+        documents = read_documents(path, allow_empty=False)
+    except InputError as exc:
+        raise InputError(f"--kubeconfig {exc}") from None
+    body = documents[0].body if len(documents) == 1 else None
+    if not isinstance(body, dict) or not body.get("current-context"):
+        raise InputError(f"--kubeconfig {path}: not a kubeconfig with a current-context")
 
 
 @main.command()
+@_gates_option
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
-def lint(output: str, paths: Sequence[str]) -> None:
+def lint(feature_gates: str, output: str, paths: Sequence[str]) -> None:
     """Compile AdmissionPolicies without evaluating anything: a check for CI pipelines.
 
     Each PATH is a policy file or a directory, searched recursively (other kinds are skipped).
     Each policy is parsed and its CEL compiled and type-checked by the code the operator's
     validating webhook runs at `kubectl apply`. Prints one line per policy: "ok", or one "error"
     line per problem naming the file, the policy, the field path and, for CEL, line and column.
-    Exits 0 when every policy compiles, 2 on any error.
+    A policy using a plugin that a feature gate switches off compiles with a "warn" line: the
+    operator skips those rules. Exits 0 when every policy compiles, 2 on any error.
     """
+    _use_gates(feature_gates, output)
     results = lint_policies(paths)
     click.echo(dump_json(lint_json(results)) if output == "json" else lint_text(results))
     sys.exit(0 if all(result.ok for result in results) else 2)
@@ -257,7 +328,8 @@ class _Evaluated(NamedTuple):
 
 
 def _classify(paths: Sequence[str], policy_paths: Sequence[str]) -> tuple[list[Document], list[Document]]:
-    """Suites (in files and directories) and objects to evaluate (in files named on purpose)."""
+    """Suites (in files and directories) and objects to evaluate (in files named on purpose; each
+    document, each item of a List)."""
     policy_files = {file.resolve() for root in policy_paths for file in walk(Path(root))}
     suites: list[Document] = []
     inputs: list[Document] = []
@@ -271,10 +343,8 @@ def _classify(paths: Sequence[str], policy_paths: Sequence[str]) -> tuple[list[D
             elif document.kind == api.KIND:
                 if Path(root).resolve() not in policy_files:
                     raise InputError(_policy_as_input(document, root))
-            elif not isinstance(document.body, dict):
-                raise InputError(f"{document.source}: expected a Kubernetes object")
-            else:
-                inputs.append(document)
+            else:   # a List (`kubectl get -o yaml`) stands for its items
+                inputs.extend(Document(source, body) for source, body in kubernetes_objects(document))
     return suites, inputs
 
 
@@ -428,19 +498,13 @@ def run(standalone: bool, **flags: str | None) -> None:
 
 
 @main.command("plugins")
-@click.option("--feature-gates", "feature_gates", envvar="AP_FEATURE_GATES", default="",
-              help="Name=true|false,... as the operator would be given them [env AP_FEATURE_GATES].")
+@_gates_option
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def plugins_command(feature_gates: str, output: str) -> None:
     """List the installed plugins (entry point group admission_policy.plugins), the ones that
     failed to load, and every feature gate with its stage, default and state."""
-    from .. import features, plugins
-
     found = plugins.registry()
-    try:
-        gates = features.parse(feature_gates, found)
-    except features.FeatureGateError as exc:
-        _fail(exc, output)
+    gates = _parse_gates(feature_gates, output, found)
     rows = [{"name": name, "kind": plugin.kind, "version": plugin.version, "source": found.sources[name],
              "gate": plugin.gate_name(),
              "enabled": gates.enabled(plugin.gate_name()) and gates.enabled("PythonPlugins"),

@@ -21,7 +21,7 @@ from .. import api, reports
 from ..engine import CompiledPolicy, Inputs, PolicySet
 from ..engine.background import FAIL, PASS, AuditResult, Resource, audit_object, audits, background_request
 from ..operator.settings import OperatorSettings
-from .documents import InputError, documents_in
+from .documents import InputError, documents_in, kubernetes_objects
 from .requests import is_namespaced, namespace_object, resource_of
 from .suite import is_suite
 
@@ -55,6 +55,7 @@ class AuditRun:
     tallies: dict[str, PolicyTally] = dataclasses.field(default_factory=dict)
     results: reports.Results = dataclasses.field(default_factory=reports.Results)
     scanned: int = 0
+    unlisted: list[str] = dataclasses.field(default_factory=list)   # "cannot list pods: 403 ...", per resource
 
     def judge(self, target: Target, namespace: Mapping[str, Any] | None) -> None:
         self.scanned += 1
@@ -80,28 +81,16 @@ class AuditRun:
 
 
 def manifest_targets(paths: Iterable[str]) -> Iterator[Target]:
-    """The objects in files and directories (policies and Namespaces are not audited: they are inputs)."""
+    """The objects in files and directories (policies and test suites beside them are skipped;
+    Namespaces are audited, and also give namespaceSelector the labels of their namespace)."""
     for root in paths:
         for document in documents_in(root, allow_empty=Path(root).is_dir()):
             if is_suite(document):   # an `admission-policy test` suite beside the manifests
                 continue
-            for index, body in enumerate(_expand_lists(document.body, document.source)):
-                source = document.source if index == 0 else f"{document.source}[{index}]"
-                if not isinstance(body, dict) or not body.get("kind") or not body.get("apiVersion"):
-                    raise InputError(f"{source}: expected a Kubernetes object with apiVersion and kind")
+            for source, body in kubernetes_objects(document):
                 if body.get("kind") == api.KIND:
                     continue
                 yield _target(source, body)
-
-
-def _expand_lists(body: Any, source: str) -> list[Any]:
-    """A ``List`` (``kubectl get -o yaml``) stands for its items."""
-    if isinstance(body, dict) and str(body.get("kind", "")).endswith("List") and "items" in body:
-        items = body.get("items")
-        if not isinstance(items, list):
-            raise InputError(f"{source}: {body.get('kind')}.items must be a list")
-        return [item for item in items if item is not None]
-    return [body]
 
 
 def _target(source: str, body: dict[str, Any]) -> Target:
@@ -138,7 +127,7 @@ async def audit_cluster(policies: list[CompiledPolicy], kubeconfig: str | None, 
                         settings: OperatorSettings, progress: ProgressFn, inputs: Inputs | None = None) -> AuditRun:
     """List what the policies' rules name in a live cluster, page by page as the operator does,
     and judge it here: nothing is written to the cluster."""
-    from ..operator.audit import display, list_objects
+    from ..operator.audit import ListingError, display, list_objects
     from ..operator.kube import Discovery, call_json, new_api_client
     from ..operator.registration import routes
     from ..operator.webhookconfig import listable_resources
@@ -157,9 +146,13 @@ async def audit_cluster(policies: list[CompiledPolicy], kubeconfig: str | None, 
         for key in sorted(targets):
             target = targets[key]
             what = display(target)
-            async for resource, item in list_objects(api_client, settings, target, functools.partial(progress, what)):
-                namespace = str(item["metadata"].get("namespace") or "") if resource.namespaced else ""
-                run.judge(Target(what, item, resource), namespaces.get(namespace))
+            try:
+                async for resource, item in list_objects(api_client, settings, target,
+                                                         functools.partial(progress, what)):
+                    namespace = str(item["metadata"].get("namespace") or "") if resource.namespaced else ""
+                    run.judge(Target(what, item, resource), namespaces.get(namespace))
+            except ListingError as exc:   # RBAC, an API down: the other resources are still worth judging
+                run.unlisted.append(str(exc))
     return run
 
 
@@ -184,7 +177,9 @@ def table(run: AuditRun) -> str:
                 lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row[:3], widths, strict=True))
                              + f"  {row[3]}")
     lines.append(f"\n{run.scanned} object(s) audited against {len(run.policies)} policy(ies)"
-                 + ("; an Enforce policy is violated" if run.enforce_violated else ""))
+                 + ("; an Enforce policy is violated" if run.enforce_violated else "")
+                 + (f"; {len(run.unlisted)} resource(s) could not be listed (see standard error)"
+                    if run.unlisted else ""))
     return "\n".join(lines)
 
 

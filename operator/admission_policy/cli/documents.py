@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import click
 import yaml
 
 from .. import api
@@ -15,6 +16,7 @@ from ..engine import CompiledPolicy, PolicyCompileError
 from ..operator.store import load_policy
 
 SUFFIXES = (".yaml", ".yml", ".json")
+Found = tuple[str, dict[str, Any]]   # where an object was read ("file#2 items[0]"), and the object
 
 
 class InputError(Exception):
@@ -79,6 +81,29 @@ def documents_in(root: Path | str, *, allow_empty: bool = False) -> Iterator[Doc
         yield from read_documents(file, allow_empty=allow_empty)
 
 
+def kubernetes_objects(document: Document) -> list[Found]:
+    """The objects a document stands for, each with where it was read: the document itself, or a
+    ``List``'s items (``kubectl get -o yaml``: "file#2 items[1]"). Anything else is an error naming it."""
+    body = document.body
+    if isinstance(body, dict) and str(body.get("kind", "")).endswith("List") and "items" in body:
+        items = body["items"]
+        if not isinstance(items, list):
+            raise InputError(f"{document.source}: {body.get('kind')}.items must be a list")
+        found = [(f"{document.source} items[{index}]", item) for index, item in enumerate(items) if item is not None]
+    else:
+        found = [(document.source, body)]
+    for source, item in found:
+        if not isinstance(item, dict) or not item.get("kind") or not item.get("apiVersion"):
+            raise InputError(f"{source}: expected a Kubernetes object with apiVersion and kind")
+    return found
+
+
+def objects_in(root: Path | str) -> list[Found]:
+    """Every object of a file or directory (multi-document YAML and Lists expanded); an empty file is
+    an error, an empty directory holds none."""
+    return [found for document in documents_in(root) for found in kubernetes_objects(document)]
+
+
 def walk(path: Path) -> Iterator[Path]:
     """Files under a directory (sorted, so runs are repeatable), or the file itself."""
     if path.is_dir():
@@ -101,7 +126,16 @@ def load_policies(paths: Iterable[Path | str], default_failure_policy: api.Failu
             if policy.name in policies:
                 raise InputError(duplicate_policy(document, policy.name, policies[policy.name][0]))
             policies[policy.name] = (document.source, policy)
+            # Evaluating goes on without the gated-off rules, as in the cluster; saying so keeps an
+            # "allowed" from passing for a check that never ran.
+            for warning in gated_off_warnings(document, policy):
+                click.echo(f"warning: {warning}", err=True)
     return [policy for _, policy in policies.values()]
+
+
+def gated_off_warnings(document: Document, policy: CompiledPolicy) -> list[str]:
+    """One line per plugin rule a feature gate switches off, naming the file, policy, plugin and gate."""
+    return [f"{document.source}: AdmissionPolicy {policy.name!r}: {text}" for text in policy.gated_off]
 
 
 def compile_document(document: Document, default_failure_policy: api.FailurePolicy = "Fail") -> CompiledPolicy:

@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from .. import api
-from .documents import Document, InputError, compile_document, duplicate_policy, object_name, read_documents, walk
+from .documents import (
+    Document,
+    InputError,
+    compile_document,
+    duplicate_policy,
+    gated_off_warnings,
+    object_name,
+    read_documents,
+    walk,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,6 +28,7 @@ class LintResult:
     source: str                  # the file, or "file#N" for a document of a stream
     policy: str                  # the policy's name; "" when a file could not be read
     errors: tuple[str, ...]      # one line each; none when the policy compiles
+    warnings: tuple[str, ...] = ()   # plugin rules a feature gate switches off (skipped, not an error)
 
     @property
     def ok(self) -> bool:
@@ -63,7 +73,7 @@ def _lint_document(document: Document, seen: dict[str, str]) -> LintResult:
     if policy.name in seen:
         return LintResult(document.source, policy.name, (duplicate_policy(document, policy.name, seen[policy.name]),))
     seen[policy.name] = document.source
-    return LintResult(document.source, policy.name, ())
+    return LintResult(document.source, policy.name, (), tuple(gated_off_warnings(document, policy)))
 
 
 def lint_text(results: list[LintResult]) -> str:
@@ -71,13 +81,16 @@ def lint_text(results: list[LintResult]) -> str:
     for result in results:
         if result.ok:
             lines.append(f"ok     {result.source}: AdmissionPolicy {result.policy!r}")
+        lines.extend(f"warn   {warning}" for warning in result.warnings)
         lines.extend(f"error  {error}" for error in result.errors)
     failed = sum(not result.ok for result in results)
-    lines.append(f"\n{len(results) - failed} compiled, {failed} with errors")
+    skipping = sum(bool(result.warnings) for result in results)
+    lines.append(f"\n{len(results) - failed} compiled, {failed} with errors"
+                 + (f", {skipping} with plugin rules a feature gate switches off" if skipping else ""))
     return "\n".join(lines)
 
 
 def lint_json(results: list[LintResult]) -> dict[str, Any]:
     return {"ok": all(result.ok for result in results),
-            "policies": [{"source": r.source, "name": r.policy or None, "ok": r.ok, "errors": list(r.errors)}
-                         for r in results]}
+            "policies": [{"source": r.source, "name": r.policy or None, "ok": r.ok, "errors": list(r.errors),
+                          "warnings": list(r.warnings)} for r in results]}

@@ -9,7 +9,8 @@ from typing import Any
 from .. import api
 from ..engine import Decision, PolicySet, ReviewError, StaticInputs, parse_review
 from .admission import admit
-from .documents import Document, InputError, load_policies, read_documents
+from .documents import Document, Found, InputError, kubernetes_objects, load_policies, objects_in, read_documents
+from .inputs import checked_inputs
 from .report import yaml_diff
 from .requests import build_review, namespace_object
 
@@ -109,40 +110,48 @@ def _run_case(policies: PolicySet, case: Mapping[str, Any], name: str, base: Pat
     namespace = None
     if request.namespace:
         namespace = namespace_object(request.namespace, case.get("namespaceLabels") or {})
-    decision, generated_name = admit(policies, request, namespace, _inputs(case, suite, base, where))
+    decision, generated_name = admit(policies, request, namespace, _inputs(policies, case, suite, base, where))
     expected_patched = None
     if "patched" in expect:
         expected_patched = _object(expect["patched"], base, f"{where}.expect.patched")
     return CaseResult(name, decision, tuple(check(decision, expect, expected_patched)), generated_name)
 
 
-def _inputs(case: Mapping[str, Any], suite: Mapping[str, Any], base: Path, where: str) -> StaticInputs:
+def _inputs(policies: PolicySet, case: Mapping[str, Any], suite: Mapping[str, Any], base: Path,
+            where: str) -> StaticInputs:
     """The case's params and context objects (files or inline), else the suite's: what the cluster
-    would hold. ``params`` is a list of objects; ``context`` maps each entry name to a list."""
-    params_field = ("params" in case and case) or suite
+    would hold. ``params`` is a list of objects; ``context`` maps each entry name to a list. A file
+    may hold several objects (multi-document YAML, a ``List``), as with --param and --context."""
     params_where = where if "params" in case else "the suite"
-    raw_params = params_field.get("params") or []
+    raw_params = (case if "params" in case else suite).get("params") or []
     if not isinstance(raw_params, list):
         raise InputError(f"{params_where}.params must be a list of objects or files")
-    params = [_cluster_object(item, base, f"{params_where}.params[{i}]") for i, item in enumerate(raw_params)]
+    params = [found for i, item in enumerate(raw_params)
+              for found in _cluster_objects(item, base, f"{params_where}.params[{i}]")]
     context_where = where if "context" in case else "the suite"
     raw_context = (case if "context" in case else suite).get("context") or {}
     if not isinstance(raw_context, Mapping):
         raise InputError(f"{context_where}.context must map each context name to a list of objects or files")
-    context: dict[str, list[Mapping[str, Any]]] = {}
+    context: dict[str, tuple[str, list[Found]]] = {}
     for name, items in raw_context.items():
+        named = f"{context_where}.context.{name}"
         if not isinstance(items, list):
-            raise InputError(f"{context_where}.context.{name} must be a list of objects or files")
-        context[str(name)] = [_cluster_object(item, base, f"{context_where}.context.{name}[{i}]")
-                              for i, item in enumerate(items)]
-    return StaticInputs(params, context)
+            raise InputError(f"{named} must be a list of objects or files")
+        context[str(name)] = (named, [found for i, item in enumerate(items)
+                                      for found in _cluster_objects(item, base, f"{named}[{i}]")])
+    return checked_inputs(policies, params, context)
 
 
-def _cluster_object(value: Any, base: Path, where: str) -> Mapping[str, Any]:
-    found = _object(value, base, where)
-    if not isinstance(found, Mapping):
+def _cluster_objects(value: Any, base: Path, where: str) -> list[Found]:
+    """An inline object (or List), or every object of a file or directory relative to the suite."""
+    if isinstance(value, Mapping):
+        return kubernetes_objects(Document(where, dict(value)))
+    if not isinstance(value, str):
         raise InputError(f"{where}: must be an object or a file path")
-    return found
+    try:
+        return objects_in(base / value)
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}") from None
 
 
 def check(decision: Decision, expect: Mapping[str, Any], patched: Any) -> list[str]:

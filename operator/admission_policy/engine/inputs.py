@@ -58,8 +58,7 @@ class StaticInputs:
 
     def params(self, kind: api.ParamKind, namespace: str | None) -> Listing:
         return Listing(tuple(body for body in self.param_objects
-                             if body.get("apiVersion") == kind.api_version and body.get("kind") == kind.kind
-                             and _in_namespace(body, namespace)))
+                             if is_of_kind(body, kind) and _in_namespace(body, namespace)))
 
     def context(self, entry: api.ContextEntry, namespace: str | None) -> Listing:
         if entry.name not in self.context_objects:
@@ -68,6 +67,12 @@ class StaticInputs:
         selector = entry.source.label_selector
         return Listing(tuple(body for body in self.context_objects[entry.name]
                              if _in_namespace(body, namespace) and selector.matches(labels_of(body))))
+
+
+def is_of_kind(body: Mapping[str, Any], kind: api.ParamKind) -> bool:
+    """Whether ``body`` is a ``kind`` object, at any version of its group: the operator finds
+    paramKind by group and kind, and the API server serves every version converted to the one watched."""
+    return str(body.get("apiVersion", "")).rpartition("/")[0] == kind.group and body.get("kind") == kind.kind
 
 
 def _in_namespace(body: Mapping[str, Any], namespace: str | None) -> bool:
