@@ -237,6 +237,33 @@ def test_the_packages_own_test_passes(installed: pathlib.Path) -> None:
     module.test_a_wrong_checksum_fails_and_a_right_one_passes()
 
 
+def test_the_guides_policy_suite_runs_the_installed_plugin_with_its_gate_on(
+        installed: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/writing-a-plugin.md: ``AP_FEATURE_GATES=LabelChecksumPlugin=true admission-policy test
+    tests/plugin_package/policy-test`` passes; without the gate the plugin's rule is skipped."""
+    from click.testing import CliRunner
+
+    from admission_policy.cli import main
+
+    def run(gates: str) -> int:
+        monkeypatch.setenv(features.ENV, gates)
+        plugins.registry.cache_clear()   # the process's plugins and gates, as a fresh process has them
+        features.configure(None)
+        try:
+            return CliRunner().invoke(main, ["test", str(PACKAGE / "policy-test")]).exit_code
+        finally:
+            plugins.registry.cache_clear()
+            features.configure(None)
+
+    assert run("LabelChecksumPlugin=true") == 0
+    assert run("") != 0
+
+
+def test_the_guides_image_recipe_is_the_packages_dockerfile() -> None:
+    guide = (PACKAGE.parents[1] / "docs" / "writing-a-plugin.md").read_text()
+    assert f"```dockerfile\n{(PACKAGE / 'Dockerfile').read_text()}```" in guide
+
+
 # --- the shipped plugins ------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("text", "normalised"), [
