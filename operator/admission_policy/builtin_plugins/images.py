@@ -204,7 +204,7 @@ def images(body: Any) -> Iterator[tuple[str, str]]:
 
 class ImageReferences(ValidatorPlugin):
     name: ClassVar[str] = "image-references"
-    version: ClassVar[str] = "1.0.0"
+    version: ClassVar[str] = "1.1.0"
     description: ClassVar[str] = ("Parses and normalises container images; requires digests and/or an allowlist of "
                                   "registries (docker.io defaults, ports and look-alike hosts handled).")
     stage: ClassVar[Stage] = "Beta"
