@@ -195,7 +195,7 @@ def image_rule(kind: str) -> dict[str, Any]:
     body["metadata"]["name"] = f"images-{kind}"
     if kind == "plugin":
         body["spec"]["validations"] = [{"plugin": {"name": "image-references", "config": {
-            "requireDigest": False, "allowedRegistries": ["docker.io/nginxinc"]}}}]
+            "requireDigest": False, "allowedRegistries": ["docker.io/nginxinc/"]}}}]
     else:   # a prefix check: what CEL can say, wrong for "docker.io/nginxinc/..." or a look-alike host
         body["spec"]["validations"] = [{"expression": "object.spec.containers.all(c, "
                                                       "c.image.startsWith('nginxinc/'))"}]

@@ -119,7 +119,7 @@ def test_an_unknown_plugin_or_a_bad_config_is_a_compile_error_naming_the_field(r
         compiled(registry, validations=[{"plugin": {"name": "image-references",
                                                     "config": {"requireDigest": "yes"}}}])
     assert "spec.validations[0].plugin.config.requireDigest: 'yes' is not of type 'boolean'" in str(caught.value)
-    with pytest.raises(PolicyCompileError, match=r"plugin.config.allowedRegistries\[1\]: 'bad host!'"):
+    with pytest.raises(PolicyCompileError, match=r"plugin.config.allowedRegistries\[1\]: 'bad host!/x'"):
         compiled(registry, validations=[{"plugin": {"name": "image-references", "config": {
             "allowedRegistries": ["ok.io", "bad host!/x"]}}}])
     with pytest.raises(PolicyCompileError, match="is a mutator, not a validator"):
@@ -235,6 +235,33 @@ def test_the_packages_own_test_passes(installed: pathlib.Path) -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.test_a_wrong_checksum_fails_and_a_right_one_passes()
+
+
+def test_the_guides_policy_suite_runs_the_installed_plugin_with_its_gate_on(
+        installed: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/writing-a-plugin.md: ``AP_FEATURE_GATES=LabelChecksumPlugin=true admission-policy test
+    tests/plugin_package/policy-test`` passes; without the gate the plugin's rule is skipped."""
+    from click.testing import CliRunner
+
+    from admission_policy.cli import main
+
+    def run(gates: str) -> int:
+        monkeypatch.setenv(features.ENV, gates)
+        plugins.registry.cache_clear()   # the process's plugins and gates, as a fresh process has them
+        features.configure(None)
+        try:
+            return CliRunner().invoke(main, ["test", str(PACKAGE / "policy-test")]).exit_code
+        finally:
+            plugins.registry.cache_clear()
+            features.configure(None)
+
+    assert run("LabelChecksumPlugin=true") == 0
+    assert run("") != 0
+
+
+def test_the_guides_image_recipe_is_the_packages_dockerfile() -> None:
+    guide = (PACKAGE.parents[1] / "docs" / "writing-a-plugin.md").read_text()
+    assert f"```dockerfile\n{(PACKAGE / 'Dockerfile').read_text()}```" in guide
 
 
 # --- the shipped plugins ------------------------------------------------------------------------

@@ -5,11 +5,19 @@ CEL sees an image as a string, and prefix checks on it are wrong in ways that ma
 ``registry.acme.com``, ``localhost:5000/x`` names a registry with a port, and ``name:tag@sha256:…``
 is pinned by its digest whatever its tag says. This plugin parses every image of a Pod (or a
 Pod template: policies on Pods also judge workloads) with the grammar of
-``github.com/distribution/reference``, normalises it, and checks:
+``github.com/distribution/reference`` — ASCII only, the whole string, a name of at most 255
+characters, a digest of an algorithm the OCI image spec registers (``sha256`` and ``blake3``:
+64 lowercase hex digits, ``sha512``: 128) — normalises it, and checks:
 
 - ``requireDigest``: the image is pinned by a digest (``@sha256:…``);
-- ``allowedRegistries``: its registry (``docker.io`` for unqualified names) — or a repository
-  prefix under it, matched by whole path components — is on the list;
+- ``allowedRegistries``: its registry — or a repository prefix under it, matched by whole path
+  components — is on the list. An entry is read as an image name is (``bitnami/redis`` is
+  ``docker.io/bitnami/redis``, ``index.docker.io`` is ``docker.io``); a trailing ``/`` marks a
+  namespace, its path taken as written (``docker.io/bitnami/``). An entry an image name could
+  read two ways is refused, naming the spellings to use: ``nginx`` (a registry host has a ``.``
+  or a port, or is ``localhost``) and ``docker.io/nginx`` (the official image
+  ``docker.io/library/nginx``, or the namespace ``docker.io/nginx/``); ``docker.io/library`` is
+  the namespace of the official images;
 - ``exemptUnchanged`` (default true): an image the old object already had passes on UPDATE, so
   relabelling a Pod created before the policy keeps working.
 """
@@ -23,12 +31,23 @@ from typing import Any, ClassVar, Final
 from ..plugins import ConfigError, Failure, PluginRequest, Stage, ValidatorPlugin
 
 DEFAULT_REGISTRY: Final = "docker.io"
+LEGACY_DEFAULT_REGISTRY: Final = "index.docker.io"
+OFFICIAL_NAMESPACE: Final = "library"
+NAME_MAX: Final = 255      # distribution/reference's limit, on the normalised name
+TEXT_MAX: Final = 1024     # more than a name, a tag and the longest digest: refused before parsing
+# The digest algorithms the OCI image spec registers, and the lowercase hex digits of each.
+DIGEST_HEX_DIGITS: Final = {"sha256": 64, "sha512": 128, "blake3": 64}
+
+# distribution/reference's grammar in ASCII classes (Python's \w is Unicode), always fullmatch-ed
+# (``$`` would match before a trailing newline).
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_DOMAIN = re.compile(rf"^(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?$")
-_PATH = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
-_TAG = re.compile(r"^[\w][\w.-]{0,127}$")
-_DIGEST = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}$")
+_DOMAIN = re.compile(rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?")
+_PATH = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_DIGEST = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}")
+_LOWER_HEX = re.compile(r"[0-9a-f]+")
+_IMAGE_ID = re.compile(r"[0-9a-f]{64}")
 CONTAINER_FIELDS: Final = ("initContainers", "containers", "ephemeralContainers")
 
 
@@ -56,35 +75,66 @@ class ImageReference:
 
 
 def parse_reference(text: str) -> ImageReference:
-    """Parse and normalise an image reference; ValueError when it is not one."""
-    if not text or text != text.strip() or len(text) > 4096:
-        raise ReferenceError_("is empty or has surrounding spaces" if len(text) <= 4096 else "is too long")
+    """Parse and normalise an image reference; ValueError (saying what is wrong) when it is not one."""
+    if not text or text != text.strip():
+        raise ReferenceError_("is empty or has surrounding spaces")
+    if len(text) > TEXT_MAX:
+        raise ReferenceError_(f"is longer than {TEXT_MAX} characters")
+    if _IMAGE_ID.fullmatch(text):
+        raise ReferenceError_("is 64 hex digits: an image ID, not a name the runtime pulls")
     rest, digest = text, None
     if "@" in rest:
         rest, digest = rest.split("@", 1)
-        if not _DIGEST.match(digest):
-            raise ReferenceError_(f"has an invalid digest {digest!r}")
+        _check_digest(digest)
     tag = None
     colon, slash = rest.rfind(":"), rest.rfind("/")
-    if colon > slash:
+    if colon > slash:   # a ':' after the last '/' starts the tag; one before it is a registry's port
         rest, tag = rest[:colon], rest[colon + 1:]
-        if not _TAG.match(tag):
-            raise ReferenceError_(f"has an invalid tag {tag!r}")
-    first, sep, remainder = rest.partition("/")
-    if sep and ("." in first or ":" in first or first == "localhost" or first != first.lower()):
-        registry, path = first, remainder
-        if not _DOMAIN.match(registry):
-            raise ReferenceError_(f"has an invalid registry host {registry!r}")
-    else:
-        registry, path = DEFAULT_REGISTRY, rest
-    registry = registry.lower()
-    if registry == "index.docker.io":
-        registry = DEFAULT_REGISTRY
-    if not _PATH.match(path):
+        if not _TAG.fullmatch(tag):
+            raise ReferenceError_(f"has an invalid tag {tag!r} (ASCII letters, digits, '_', '.', '-'; "
+                                  f"at most 128, not starting with '.' or '-')")
+    registry, path = _split_registry(rest)
+    if not _PATH.fullmatch(path):
         raise ReferenceError_(f"has an invalid repository {path!r} (lowercase letters, digits and separators)")
-    if registry == DEFAULT_REGISTRY and "/" not in path:
-        path = f"library/{path}"
-    return ImageReference(registry, path, tag, digest)
+    reference = ImageReference(registry, _official(registry, path), tag, digest)
+    if len(reference.name) > NAME_MAX:
+        raise ReferenceError_(f"has a name of {len(reference.name)} characters (at most {NAME_MAX})")
+    return reference
+
+
+def _check_digest(digest: str) -> None:
+    if not _DIGEST.fullmatch(digest):
+        raise ReferenceError_(f"has an invalid digest {digest!r}")
+    algorithm, encoded = digest.split(":", 1)
+    digits = DIGEST_HEX_DIGITS.get(algorithm)
+    if digits is None:
+        raise ReferenceError_(f"has a digest of an unknown algorithm {algorithm!r} "
+                              f"(known: {', '.join(DIGEST_HEX_DIGITS)})")
+    if len(encoded) != digits or not _LOWER_HEX.fullmatch(encoded):
+        raise ReferenceError_(f"has an invalid {algorithm} digest (it is {digits} lowercase hex digits)")
+
+
+def _names_registry(first: str) -> bool:
+    """Whether a name's first component is a registry host, as the runtime decides: it has a '.'
+    or a port, is localhost, or is not lowercase; anything else is a path on docker.io."""
+    return "." in first or ":" in first or first == "localhost" or first != first.lower()
+
+
+def _split_registry(name: str) -> tuple[str, str]:
+    """(registry, path) of a name without tag or digest; the registry lowercased, index.docker.io
+    as docker.io."""
+    first, sep, rest = name.partition("/")
+    if not sep or not _names_registry(first):
+        return DEFAULT_REGISTRY, name
+    if not _DOMAIN.fullmatch(first):
+        raise ReferenceError_(f"has an invalid registry host {first!r}")
+    registry = first.lower()
+    return (DEFAULT_REGISTRY if registry == LEGACY_DEFAULT_REGISTRY else registry), rest
+
+
+def _official(registry: str, path: str) -> str:
+    """Docker Hub's one-component names are its official images, under library/."""
+    return f"{OFFICIAL_NAMESPACE}/{path}" if registry == DEFAULT_REGISTRY and "/" not in path else path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,15 +160,31 @@ class Config:
 
 
 def _allowed_entry(text: str) -> Allowed:
-    host, _, prefix = text.strip("/").partition("/")
-    host = host.lower()
-    if host == "index.docker.io":
-        host = DEFAULT_REGISTRY
-    if not _DOMAIN.match(host):
-        raise ValueError(f"{host!r} is not a registry host (name or name:port)")
-    if prefix and not _PATH.match(prefix):
-        raise ValueError(f"{prefix!r} is not a repository path")
-    return Allowed(host, prefix)
+    """An allowlist entry read as an image name is (see the module docstring); ValueError naming
+    it, with the spellings to use, when it is not one or could be read two ways."""
+    namespace = text.endswith("/")
+    name = text[:-1] if namespace else text
+    if "/" not in name and not _names_registry(name):
+        if namespace:      # "bitnami/": a namespace on docker.io
+            return _allowed_path(text, DEFAULT_REGISTRY, name)
+        raise ValueError(f"{text!r} is not a registry host (a host has a '.' or a port, or is localhost): "
+                         f"write docker.io/library/{text} for that Docker Hub image, or {text}/ for the "
+                         f"docker.io/{text}/ namespace")
+    try:
+        registry, path = _split_registry(name if "/" in name else f"{name}/")
+    except ReferenceError_ as exc:
+        raise ValueError(f"{text!r} {exc}") from None
+    if registry == DEFAULT_REGISTRY and path and "/" not in path and path != OFFICIAL_NAMESPACE and not namespace:
+        raise ValueError(f"{text!r} could be read two ways: write docker.io/library/{path} for the official "
+                         f"image, or docker.io/{path}/ for the namespace")
+    return _allowed_path(text, registry, path)
+
+
+def _allowed_path(text: str, registry: str, path: str) -> Allowed:
+    if path and not _PATH.fullmatch(path):
+        raise ValueError(f"{text!r} has an invalid repository path {path!r} "
+                         f"(lowercase letters, digits and separators; no tag or digest)")
+    return Allowed(registry, path)
 
 
 def images(body: Any) -> Iterator[tuple[str, str]]:
@@ -138,7 +204,7 @@ def images(body: Any) -> Iterator[tuple[str, str]]:
 
 class ImageReferences(ValidatorPlugin):
     name: ClassVar[str] = "image-references"
-    version: ClassVar[str] = "1.0.0"
+    version: ClassVar[str] = "1.1.0"
     description: ClassVar[str] = ("Parses and normalises container images; requires digests and/or an allowlist of "
                                   "registries (docker.io defaults, ports and look-alike hosts handled).")
     stage: ClassVar[Stage] = "Beta"
@@ -150,7 +216,10 @@ class ImageReferences(ValidatorPlugin):
             "allowedRegistries": {
                 "type": "array", "minItems": 1, "maxItems": 256,
                 "items": {"type": "string", "minLength": 1, "maxLength": 512},
-                "description": "Registries (host[:port]), or repository prefixes under one (host/path).",
+                "description": ("Registries (host[:port]), or repository prefixes under one (host/path), read as "
+                                "image names are (bitnami/redis is docker.io/bitnami/redis); a trailing '/' marks "
+                                "a namespace (docker.io/bitnami/). 'nginx' and 'docker.io/nginx' are refused as "
+                                "ambiguous: write docker.io/library/nginx or docker.io/nginx/."),
             },
             "exemptUnchanged": {"type": "boolean", "description": "On UPDATE, images the old object had pass."},
         },
