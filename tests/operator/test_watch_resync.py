@@ -1,4 +1,4 @@
-"""The policy watcher resuming into a 410 Gone (issue 12, scenario 3, at unit level).
+"""The policy watcher resuming into a 410 Gone (issue 12, scenario 3, at unit level), and a stalled watch.
 
 A watch that ends cleanly is resumed from the last resourceVersion; when history has been
 compacted past it meanwhile, the API server answers 410 Gone and the watcher lists again. What
@@ -19,6 +19,7 @@ import pytest
 from emulator import ADMISSION_POLICIES, Emulator, wait_for
 from kubernetes_asyncio import client
 from operator_env import POD_RULE
+from test_sources import stalled
 
 from admission_policy.operator import watcher
 from admission_policy.operator.kube import new_api_client
@@ -87,3 +88,28 @@ async def test_a_watch_resumed_into_410_lists_again_keeping_what_exists_and_forg
     assert not store.unsynced, "a 410 is not a disconnection: /readyz must not say a watch is down"
     assert not [m for m in messages if "failed" in m], messages
 
+
+
+async def test_a_stalled_policy_watch_counts_as_down_until_listed_again(
+        emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A half-open connection sends nothing and never ends. Without a read timeout the watcher
+    would wait on it for ever, /readyz saying all is well while policy changes go unseen."""
+    monkeypatch.setattr(watcher, "WATCH_SECONDS", 1)
+    monkeypatch.setattr(watcher, "STALL_MARGIN", 1)
+    await emulator.create(ADMISSION_POLICIES, enforced_policy("kept", "object.metadata.name != 'bad'"))
+    store = PolicyStore()
+    api_client = await new_api_client()
+    task = asyncio.create_task(watcher.watch_policies(api_client, store))
+    try:
+        await wait_for(lambda: set(store.generations) == {"kept"}, timeout=10)
+        with stalled(emulator, ADMISSION_POLICIES) as outage:
+            await wait_for(lambda: "AdmissionPolicies" in store.unsynced, timeout=10)
+            assert "not watching AdmissionPolicies" in store.out_of_sync()
+            assert set(store.generations) == {"kept"}, "the last state seen is kept meanwhile"
+            outage.on = False
+            await emulator.create(ADMISSION_POLICIES, enforced_policy("added", "object.metadata.name != 'worse'"))
+            await wait_for(lambda: set(store.generations) == {"kept", "added"} and not store.unsynced, timeout=10)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api_client.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
 Phase = Literal["Pending", "Active", "Degraded", "Failed", "Terminating"]
@@ -23,6 +23,7 @@ PLUGINS_ENABLED: Final = "PluginsEnabled"
 GATED_OFF: Final = "FeatureGateDisabled"
 INPUTS_SYNCED: Final = "InputsSynced"
 NOT_SYNCED: Final = "NotSynced"
+OVER_MAX_OBJECTS: Final = "OverMaxObjects"
 
 # Registered=False for this reason is the operator's own trouble (its webhook configurations were
 # deleted or edited and cannot be written back), retried by itself: Pending, not Degraded, which
@@ -54,8 +55,9 @@ class Observation:
     plugins: Condition | None = None
     reports_plugins: bool = False   # True: observed; a policy without plugins has no such condition
     # InputsSynced: False while a cache of the policy's params or context (operator/sources.py) has
-    # not listed, or its watch is down: Degraded, because the requests that read it get the
-    # failurePolicy answer meanwhile (never a stale list). None: the policy reads neither.
+    # not listed, or its watch is down, or a context holds more than its maxObjects somewhere:
+    # Degraded, because the requests that read it get the failurePolicy answer meanwhile (never a
+    # stale or cut list). None: the policy reads neither.
     inputs: Condition | None = None
     reports_inputs: bool = False
 
@@ -107,15 +109,21 @@ def plugins_condition(gated_off: tuple[str, ...], used: int) -> Condition | None
     return Condition(PLUGINS_ENABLED, "True", "Enabled", f"{used} plugin rule(s), all enabled")
 
 
-def inputs_condition(problems: list[str], declared: bool) -> Condition | None:
-    """InputsSynced, from the caches' problems for the policy (``Sources.problems``); None for a
-    policy that reads no params or context."""
+def inputs_condition(unsynced: Sequence[str], over_cap: Sequence[str], declared: bool) -> Condition | None:
+    """InputsSynced, from the caches' problems for the policy (``Sources.problems``): sources not in
+    sync, contexts over their maxObjects. None for a policy that reads no params or context.
+    Messages hold no relative times: an unchanged state writes nothing."""
     if not declared:
         return None
-    if problems:
-        return Condition(INPUTS_SYNCED, "False", NOT_SYNCED,
-                         "; ".join(problems) + "; requests that read them get the failurePolicy answer until "
-                         "they are (check the operator's RBAC: the chart's rbac.contextResources)")
+    parts = []
+    if unsynced:
+        parts.append("; ".join(unsynced) + "; requests that read them get the failurePolicy answer until they are "
+                     "(check the operator's RBAC: the chart's rbac.contextResources)")
+    if over_cap:
+        parts.append("; ".join(over_cap) + "; requests that read it there get the failurePolicy answer (raise "
+                     "maxObjects, or narrow the context with scope: RequestNamespace or a labelSelector)")
+    if parts:
+        return Condition(INPUTS_SYNCED, "False", NOT_SYNCED if unsynced else OVER_MAX_OBJECTS, "; ".join(parts))
     return Condition(INPUTS_SYNCED, "True", "Synced", "params and context are listed and watched")
 
 

@@ -30,7 +30,7 @@ from . import audit, certificates, conditions, events, metrics, registration, wa
 from .decisions import DecisionLog
 from .kube import Discovery, leads_peering, new_api_client
 from .settings import OperatorSettings
-from .sources import Sources
+from .sources import InputProblems, Sources
 from .store import FINALIZER, PolicyStore, error_text, load_policy
 from .webhook import PolicyWebhookServer, current_exchange
 from .webhookconfig import EXEMPT_LABEL, NOT_SERVED, never_judged, unserved_resources
@@ -223,7 +223,8 @@ async def observe(op: Operator, body: Mapping[str, Any], name: str, generation: 
     declared = spec.param_kind is not None or bool(spec.context)
     if declared and observation.registered.status == "True":
         problems = await _wait_inputs(op, spec, INPUTS_GRACE if settle else 0.0)
-        observation = dataclasses.replace(observation, inputs=conditions.inputs_condition(problems, declared))
+        observation = dataclasses.replace(observation, inputs=conditions.inputs_condition(
+            problems.unsynced, problems.over_cap, declared))
     return dataclasses.replace(observation, pod_controllers=coverage, reports_pod_controllers=True, reports_inputs=True,
                                reports_plugins=True, plugins=conditions.plugins_condition(
                                    compiled.gated_off, sum(1 for _ in compiled.plugins())))
@@ -269,14 +270,14 @@ async def _observe(op: Operator, body: Mapping[str, Any], name: str, generation:
         f"routed by {op.settings.webhook_config_name} webhook configurations")), compiled
 
 
-async def _wait_inputs(op: Operator, policy: api.AdmissionPolicy, grace: float) -> list[str]:
+async def _wait_inputs(op: Operator, policy: api.AdmissionPolicy, grace: float) -> InputProblems:
     """The policy's params and context caches' problems, after up to ``grace`` seconds for a cache
     just started to list (a new policy's own sources start as it loads)."""
     deadline = time.monotonic() + grace
     while True:
         changed = op.sources.sync_changed()
         problems = op.sources.problems(policy)
-        if not problems or time.monotonic() >= deadline:
+        if not problems.unsynced or time.monotonic() >= deadline:
             return problems
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
@@ -284,9 +285,9 @@ async def _wait_inputs(op: Operator, policy: api.AdmissionPolicy, grace: float) 
 
 
 async def _follow_inputs(op: Operator) -> None:
-    """InputsSynced follows the caches: a cache that falls out of sync (its watch fails) turns the
-    policies reading it Degraded at once, and back once it has listed again. Wakes only when some
-    cache's sync state changes."""
+    """InputsSynced follows the caches: a cache that falls out of sync (its watch fails or stalls),
+    or a context that goes over its maxObjects, turns the policies reading it Degraded at once, and
+    back once it has listed again (is back under). Wakes only when one of those changes."""
     while True:
         changed = op.sources.sync_changed()
         await changed.wait()
@@ -315,7 +316,8 @@ async def _update_inputs(op: Operator) -> None:
         if status.get("observedGeneration") != generation or body.metadata.get("deletionTimestamp"):
             continue   # reconciliation has this generation in hand
         written = conditions.from_status(status, conditions.INPUTS_SYNCED)
-        now = conditions.inputs_condition(op.sources.problems(spec), True)
+        problems = op.sources.problems(spec)
+        now = conditions.inputs_condition(problems.unsynced, problems.over_cap, True)
         if written is not None and now is not None and (written.status, written.message) == (now.status, now.message):
             continue
         observation = await observe(op, body, spec.name, generation)

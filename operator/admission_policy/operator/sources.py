@@ -7,18 +7,21 @@ gone. Each is a list+watch with the policy watcher's machinery (``watcher.list_a
 resume from the last resourceVersion, list again on 410 Gone or failure, back off), so a request
 reads memory only and never waits on the API server.
 
-A cache that has not listed yet, or whose watch has failed and not listed again, is *not in sync*:
-requests that read it get their policy's failurePolicy answer naming the source (never a stale or
-partial list taken for the truth), the policy reports ``InputsSynced=False`` (phase ``Degraded``),
-and the metric ``admission_policy_context_synced`` is 0.
+A cache that has not listed yet, or whose watch has failed (or stalled) and not listed again, is
+*not in sync*: requests that read it get their policy's failurePolicy answer naming the source (never
+a stale or partial list taken for the truth), the policy reports ``InputsSynced=False`` (phase
+``Degraded``), and the metric ``admission_policy_context_synced`` is 0. So does a paramKind that
+discovery cannot resolve (looked up again with backoff), and a context holding more objects than its
+``maxObjects`` somewhere (requests there are evaluation errors).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import datetime
 import logging
 import marshal
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -27,9 +30,11 @@ from kubernetes_asyncio import client
 from .. import api
 from ..engine import Listing, PolicySet
 from .kube import Discovery
-from .watcher import list_and_watch
+from .watcher import failure_text, list_and_watch
 
 logger = logging.getLogger(__name__)
+
+RETRY_MIN, RETRY_MAX = 1.0, 30.0   # backoff of discovery lookups that failed or found nothing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +44,23 @@ class Resolved:
     namespaced: bool
 
 
+@dataclasses.dataclass(frozen=True)
+class InputProblems:
+    """What keeps a policy's params or context from its requests (``Sources.problems``)."""
+    unsynced: tuple[str, ...] = ()   # not listed yet, watch down, kind not resolved: wait or fix RBAC
+    over_cap: tuple[str, ...] = ()   # a context holding more than its maxObjects: fix the policy
+
+    def __bool__(self) -> bool:
+        return bool(self.unsynced or self.over_cap)
+
+
+Limit = tuple[bool, int]   # (per namespace, maxObjects) of a context entry reading a cache
+
+
 class SourceCache:
     """The objects of one source, by namespace and name, as the watch last delivered them."""
 
-    def __init__(self, source: api.ContextSource) -> None:
+    def __init__(self, source: api.ContextSource, on_limit_crossed: Callable[[], None] | None = None) -> None:
         self.source = source
         self.objects: dict[str, dict[str, Mapping[str, Any]]] = {}   # namespace ("" cluster-scoped) → name → object
         self.sizes: dict[tuple[str, str], int] = {}                   # marshalled bytes of each, for the metric
@@ -51,27 +69,38 @@ class SourceCache:
         self.loaded = asyncio.Event()
         self.unsynced: dict[str, float] = {}       # see watcher.list_and_watch: set while the watch is down
         self.last_error = ""
+        # When the watch began to fail, absolute: a status message that says "for 3s" would be
+        # rewritten by every pass only because the number grew.
+        self.failed_at = ""
         self.task: asyncio.Task[None] | None = None
+        # The maxObjects of the context entries reading this cache: crossing one changes their
+        # policies' status, so it is announced as a change of sync state is.
+        self.limits: frozenset[Limit] = frozenset()
+        self._on_limit_crossed = on_limit_crossed
 
     @property
     def count(self) -> int:
         return len(self.sizes)
 
-    def problem(self, now: float | None = None) -> str:
+    def problem(self) -> str:
         """"" while in sync; else why not, for messages and the policy's condition."""
-        if self.unsynced:
-            since = min(self.unsynced.values())
-            now = time.monotonic() if now is None else now
-            return (f"the watch of {self.source} has failed for {now - since:.0f}s and not listed again"
-                    + (f" ({self.last_error})" if self.last_error else ""))
+        error = f" ({self.last_error})" if self.last_error else ""
         if not self.loaded.is_set():
-            return f"{self.source} has not been listed yet" + (f" ({self.last_error})" if self.last_error else "")
+            return f"{self.source} has not been listed yet{error}"
+        if self.unsynced:
+            since = f" since {self.failed_at}" if self.failed_at else ""
+            return f"the watch of {self.source} has failed{since} and not listed again{error}"
         return ""
+
+    def failed(self, error: str) -> None:
+        self.last_error = error
+        self.failed_at = self.failed_at or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     def apply(self, kind: str, body: Mapping[str, Any]) -> None:
         metadata = body.get("metadata") or {}
         namespace, name = str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
         key = (namespace, name)
+        before = len(self.objects.get(namespace, ())), self.count
         self.total_bytes -= self.sizes.pop(key, 0)
         if kind == "DELETED":
             self.objects.get(namespace, {}).pop(name, None)
@@ -82,6 +111,22 @@ class SourceCache:
             self.total_bytes += size
         self._snapshots.pop(namespace, None)
         self._snapshots.pop(None, None)
+        after = len(self.objects.get(namespace, ())), self.count
+        if before != after and self._on_limit_crossed is not None and self._crossed(before, after):
+            self._on_limit_crossed()
+
+    def _crossed(self, before: tuple[int, int], after: tuple[int, int]) -> bool:
+        """Whether counts (in the namespace, in all) went over a limit or back under it."""
+        return any((before[0 if per_namespace else 1] > limit) != (after[0 if per_namespace else 1] > limit)
+                   for per_namespace, limit in self.limits)
+
+    def over(self, per_namespace: bool, limit: int) -> list[tuple[str, int]]:
+        """Where a listing holds more than ``limit`` objects: (namespace, objects), largest first;
+        one ("", all objects) for a listing of every namespace."""
+        if not per_namespace:
+            return [("", self.count)] if self.count > limit else []
+        return sorted(((namespace, len(names)) for namespace, names in self.objects.items() if len(names) > limit),
+                      key=lambda item: (-item[1], item[0]))
 
     def listed(self, keys: set[str]) -> None:
         """After a full listing: drop what it no longer holds (deleted while not watching)."""
@@ -89,6 +134,7 @@ class SourceCache:
             for name in list(names):
                 if _key(namespace, name) not in keys:
                     self.apply("DELETED", {"metadata": {"namespace": namespace, "name": name}})
+        self.last_error = self.failed_at = ""
 
     def listing(self, namespace: str | None) -> Listing:
         """The objects in ``namespace`` (None: all), one tuple shared until the namespace changes."""
@@ -115,8 +161,9 @@ class Sources:
         self.kinds: dict[api.ParamKind, Resolved | str] = {}     # resolved, or why not
         self.wanted: set[api.ContextSource] = set()
         self.wanted_kinds: set[api.ParamKind] = set()
+        self.limits: dict[api.ContextSource, frozenset[Limit]] = {}
         self.changed = asyncio.Event()            # what the policies want changed
-        self._sync_changed = asyncio.Event()      # a cache's sync state changed (see sync_changed)
+        self._sync_changed = asyncio.Event()      # see sync_changed
 
     # --- the engine's Inputs -----------------------------------------------------------------------------
 
@@ -141,28 +188,40 @@ class Sources:
 
     def want(self, policies: PolicySet) -> None:
         """What the loaded policies read; the caches follow in ``run``."""
-        sources = {entry.source for policy in policies for entry in policy.policy.context}
+        entries = [entry for policy in policies for entry in policy.policy.context]
+        sources = {entry.source for entry in entries}
         kinds = {policy.policy.param_kind for policy in policies if policy.policy.param_kind is not None}
+        limits: dict[api.ContextSource, set[Limit]] = {}
+        for entry in entries:
+            limits.setdefault(entry.source, set()).add((entry.scope == "RequestNamespace", entry.max_objects))
+        self.limits = {source: frozenset(found) for source, found in limits.items()}
+        for source, cache in self.caches.items():
+            cache.limits = self.limits.get(source, frozenset())
         if sources != self.wanted or kinds != self.wanted_kinds:
             self.wanted, self.wanted_kinds = sources, kinds
             self.changed.set()
 
-    def problems(self, policy: api.AdmissionPolicy) -> list[str]:
-        """Why this policy's inputs are not in sync (none: they are), for its condition."""
-        found = []
+    def problems(self, policy: api.AdmissionPolicy) -> InputProblems:
+        """Why requests reading this policy's params or context get its failurePolicy answer (none:
+        they do not), for its condition."""
+        unsynced = []
         if policy.param_kind is not None:
             problem = self.params(policy.param_kind, None).problem
             if problem:
-                found.append(f"params ({policy.param_kind}): {problem}")
+                unsynced.append(f"params ({policy.param_kind}): {problem}")
+        over_cap = []
         for entry in policy.context:
             problem = self.context(entry, None).problem
             if problem:
-                found.append(f"context {entry.name!r}: {problem}")
-        return found
+                unsynced.append(f"context {entry.name!r}: {problem}")
+            elif over := self.caches[entry.source].over(entry.scope == "RequestNamespace", entry.max_objects):
+                over_cap.append(_over_cap(entry, over))
+        return InputProblems(tuple(unsynced), tuple(over_cap))
 
     def sync_changed(self) -> asyncio.Event:
-        """An event set at the next change of any cache's sync state. Take it before reading the
-        state, then wait on it: a change in between is not missed."""
+        """An event set at the next change of any cache's sync state (or of a context's count across
+        its maxObjects). Take it before reading the state, then wait on it: a change in between is
+        not missed."""
         return self._sync_changed
 
     def _announce(self) -> None:
@@ -170,27 +229,29 @@ class Sources:
         self._sync_changed = asyncio.Event()
 
     async def run(self) -> None:
-        """Start and stop caches as the policies change; re-resolve kinds not served yet."""
+        """Start and stop caches as the policies change; look up again, with backoff, the kinds
+        discovery could not resolve (it failed, or the kind is not served yet)."""
+        backoff = RETRY_MIN
         while True:
             self.changed.clear()
             try:
                 await self._reconcile()
+                retry = any(not isinstance(self.kinds.get(kind), Resolved) for kind in self.wanted_kinds)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:   # discovery down: try again shortly
-                logger.warning("Updating the context and param caches failed: %s", exc)
-            unresolved = any(isinstance(self.kinds.get(kind), str) for kind in self.wanted_kinds)
-            try:
-                async with asyncio.timeout(10.0 if unresolved else None):
+            except Exception as exc:
+                logger.warning("Updating the context and param caches failed, retrying in %.0fs: %s", backoff, exc)
+                retry = True
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(backoff if retry else None):
                     await self.changed.wait()
-            except TimeoutError:
-                pass
+            backoff = min(backoff * 2, RETRY_MAX) if retry else RETRY_MIN
 
     async def _reconcile(self) -> None:
         for kind in list(self.kinds):
             if kind not in self.wanted_kinds:
                 del self.kinds[kind]
-        for kind in self.wanted_kinds:
+        for kind in self.wanted_kinds:   # one failing does not keep the others, nor the context, waiting
             if not isinstance(self.kinds.get(kind), Resolved):
                 self.kinds[kind] = await self._resolve(kind)
         needed = set(self.wanted) | {r.source for r in self.kinds.values() if isinstance(r, Resolved)}
@@ -202,17 +263,23 @@ class Sources:
 
     async def _resolve(self, kind: api.ParamKind) -> Resolved | str:
         """paramKind → its resource, through discovery (which knows preferred versions: another
-        version of the same group and kind has the same plural)."""
+        version of the same group and kind has the same plural); or why not."""
         assert self.discovery is not None
-        for fresh in (False, True):
-            served = await (self.discovery.fresh_resources() if fresh else self.discovery.resources())
-            for resource in served:
-                if resource.group == kind.group and resource.kind == kind.kind:
-                    return Resolved(api.ContextSource(kind.group, kind.version, resource.resource), resource.namespaced)
+        try:
+            for fresh in (False, True):
+                served = await (self.discovery.fresh_resources() if fresh else self.discovery.resources())
+                for resource in served:
+                    if resource.group == kind.group and resource.kind == kind.kind:
+                        return Resolved(api.ContextSource(kind.group, kind.version, resource.resource),
+                                        resource.namespaced)
+        except Exception as exc:   # the API server briefly down, say: looked up again in run()
+            logger.warning("Looking up %s in discovery failed (retrying): %s", kind, failure_text(exc))
+            return f"looking up {kind} in discovery failed (retrying): {failure_text(exc)}"
         return f"the cluster serves no kind {kind} (install its API, or fix spec.paramKind)"
 
     def start(self, source: api.ContextSource) -> SourceCache:
-        cache = self.caches[source] = SourceCache(source)
+        cache = self.caches[source] = SourceCache(source, on_limit_crossed=self._announce)
+        cache.limits = self.limits.get(source, frozenset())
         if self.api_client is not None:
             cache.task = asyncio.create_task(self._watch(cache), name=f"admission-policy: cache of {source}")
         logger.info("Watching %s for policies' params and context", source)
@@ -247,11 +314,10 @@ class Sources:
 
         def on_listed(keys: set[str]) -> None:
             cache.listed(keys)
-            cache.last_error = ""
             asyncio.get_running_loop().call_soon(changed)   # after list_and_watch marks it loaded
 
         def on_error(error: str) -> None:
-            cache.last_error = error
+            cache.failed(error)
             changed()
 
         await list_and_watch(str(cache.source), lister(self.api_client, cache.source), on_event, on_listed,
@@ -284,8 +350,19 @@ def lister(api_client: client.ApiClient, source: api.ContextSource) -> Callable[
         if kwargs.get("allow_watch_bookmarks"):
             query.append(("allowWatchBookmarks", "true"))
         return await api_client.call_api(path, "GET", query_params=query, header_params={"Accept": "application/json"},
-                                         auth_settings=["BearerToken"], _preload_content=False)
+                                         auth_settings=["BearerToken"], _preload_content=False,
+                                         _request_timeout=kwargs.get("_request_timeout"))
     return call
+
+
+def _over_cap(entry: api.ContextEntry, over: list[tuple[str, int]]) -> str:
+    """A context over its maxObjects, as its policy's condition says it."""
+    cap = f"its maxObjects of {entry.max_objects:,} ({entry.path}.maxObjects)"
+    if entry.scope == "All":
+        return f"context {entry.name!r} holds {over[0][1]:,} objects, over {cap}"
+    shown = ", ".join(f"{namespace} ({count:,})" for namespace, count in over[:3])
+    more = f" and {len(over) - 3} more" if len(over) > 3 else ""
+    return f"context {entry.name!r} holds more objects than {cap} in namespace(s) {shown}{more}"
 
 
 def _key(namespace: str, name: str) -> str:

@@ -9,11 +9,13 @@ replayed or status-only event changes nothing.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, watch
 
 from .. import api
@@ -68,6 +70,25 @@ async def watch_objects(
 
 
 WATCH_SECONDS = 300   # each watch request's timeoutSeconds; the next one resumes where it ended
+# Without a read timeout kubernetes_asyncio waits on a half-open connection for ever (an unlimited
+# aiohttp ClientTimeout), and the last state seen keeps being served as current. The API server ends a
+# healthy watch after WATCH_SECONDS; every event or bookmark restarts the count (a socket read timeout).
+STALL_MARGIN = 30
+CONNECT_SECONDS = 30
+
+
+def read_timeout() -> aiohttp.ClientTimeout:
+    """Every list and watch request's: silent for longer than this, the connection has stalled."""
+    return aiohttp.ClientTimeout(sock_connect=CONNECT_SECONDS, sock_read=WATCH_SECONDS + STALL_MARGIN)
+
+
+def failure_text(exc: Exception) -> str:
+    """An API call's failure, for status messages: "403 Forbidden", a stall, or the error itself."""
+    if isinstance(exc, client.ApiException):
+        return f"{exc.status} {exc.reason}"
+    if isinstance(exc, aiohttp.SocketTimeoutError):
+        return f"the connection stalled: no data from the API server for {WATCH_SECONDS + STALL_MARGIN}s"
+    return str(exc) or type(exc).__name__
 
 
 async def list_and_watch(
@@ -83,6 +104,7 @@ async def list_and_watch(
     """List, then watch from the last resourceVersion seen, as client-go's reflector does: a watch
     that times out is resumed, and only an error (410 Gone: too old) or a failure lists again.
     A relist of a thousand policies every few minutes would cost every replica a burst of memory.
+    A connection silent past ``read_timeout`` (stalled) is a failure too.
 
     ``unsynced`` holds ``what`` → since when (monotonic) while the watch has failed and not listed
     again: what keeps being served meanwhile is the last state seen (readiness says so)."""
@@ -101,7 +123,7 @@ async def list_and_watch(
             stream = watch.Watch()
             async with stream:
                 async for event in stream.stream(lister, resource_version=version, timeout_seconds=WATCH_SECONDS,
-                                                 allow_watch_bookmarks=True):
+                                                 allow_watch_bookmarks=True, _request_timeout=read_timeout()):
                     kind, body = event.get("type"), event.get("raw_object")
                     if kind == "ERROR" or not isinstance(body, Mapping) or "metadata" not in body:
                         version = None
@@ -121,10 +143,23 @@ async def list_and_watch(
                 continue
             unsynced.setdefault(what, time.monotonic())
             if on_error is not None:
-                on_error(f"{exc.status} {exc.reason}" if isinstance(exc, client.ApiException) else str(exc))
-            logger.warning("Watching %s failed, retrying in %.0fs: %s", what, backoff, exc)
+                on_error(failure_text(exc))
+            logger.warning("Watching %s failed, retrying in %.0fs: %s", what, backoff,
+                           exc if isinstance(exc, client.ApiException) else failure_text(exc))   # with its body
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
+
+
+def _status_reason(text: str) -> str:
+    """A failed request's Status as the client words a watch's ERROR event: "Forbidden: configmaps
+    is forbidden: User ... cannot list ...", rather than its whole JSON."""
+    try:
+        status = json.loads(text)
+    except ValueError:
+        status = None
+    if isinstance(status, dict) and status.get("message"):
+        return f"{status.get('reason')}: {status['message']}"[:500]
+    return text[:500]
 
 
 async def _list(
@@ -133,11 +168,11 @@ async def _list(
     on_listed: Callable[[set[str]], None],
 ) -> str | None:
     """Apply a full listing; returns its resourceVersion. The listing is not kept while watching."""
-    listing = await lister(_preload_content=False)
+    listing = await lister(_preload_content=False, _request_timeout=read_timeout())
     # Unread, the client raises on no status: an API server still starting answers 503 (or 404 before
     # its CRDs are served), whose Status has no items — taken as a listing, it would forget everything.
     if not 200 <= listing.status <= 299:
-        raise client.ApiException(status=listing.status, reason=(await listing.text())[:500])
+        raise client.ApiException(status=listing.status, reason=_status_reason(await listing.text()))
     data = await listing.json()
     if not isinstance(data.get("items"), list):
         raise ValueError(f"a listing without items: {str(data)[:500]}")
