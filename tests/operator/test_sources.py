@@ -67,8 +67,9 @@ def configmap(name: str, namespace: str = "apps", **extra: Any) -> dict[str, Any
 
 
 def requests_to(emulator: Emulator, action: kmock.action, resource: str) -> int:
+    """Cluster-wide requests, as the caches make (the audit's hand-over lists ConfigMaps in one namespace)."""
     wanted = kmock.resource(resource)
-    return sum(r.action == action and r.resource == wanted for r in emulator.kmock)
+    return sum(r.action == action and r.resource == wanted and not r.namespace for r in emulator.kmock)
 
 
 async def scrape(env: dict[str, str], family: str) -> dict[str, float]:
