@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import pathlib
 import shutil
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -63,16 +62,6 @@ class Garbage(ValidatorPlugin):
         return 42
 
 
-class Slow(ValidatorPlugin):
-    name: ClassVar[str] = "slow"
-    stage: ClassVar[plugins.Stage] = "Beta"
-    time_budget: ClassVar[float] = 0.001
-
-    def validate(self, config: Any, request: PluginRequest) -> Sequence[str]:
-        time.sleep(0.01)
-        return []
-
-
 class AddLabel(MutatorPlugin):
     name: ClassVar[str] = "add-label"
     stage: ClassVar[plugins.Stage] = "Alpha"
@@ -94,7 +83,7 @@ class AddNotANumber(MutatorPlugin):
 @pytest.fixture
 def registry() -> plugins.Registry:
     found = plugins.discover(group="admission_policy.plugins.none")
-    extra = {p.name: p for p in (Raises(), Garbage(), Slow(), AddLabel(), AddNotANumber())}
+    extra = {p.name: p for p in (Raises(), Garbage(), AddLabel(), AddNotANumber())}
     return plugins.Registry({**found.plugins, **extra}, {**found.sources, **dict.fromkeys(extra, "test")})
 
 
@@ -142,9 +131,8 @@ def test_cel_and_plugin_failures_are_reported_in_order(registry: plugins.Registr
 @pytest.mark.parametrize(("plugin", "text"), [
     ("raises", "plugin 'raises' raised RuntimeError: boom"),
     ("garbage", "plugin 'garbage' returned int, not a list of failures"),
-    ("slow", "plugin 'slow' took"),
 ])
-def test_a_plugin_raising_returning_garbage_or_overrunning_is_an_evaluation_error(
+def test_a_plugin_raising_or_returning_garbage_is_an_evaluation_error(
         registry: plugins.Registry, plugin: str, text: str) -> None:
     failing = decide(compiled(registry, validations=[{"plugin": {"name": plugin}}]), pod("nginx"))
     assert not failing.allowed and text in failing.message and "spec.validations[0].plugin" in failing.message
@@ -165,8 +153,8 @@ def test_a_mutator_plugin_patching_in_a_value_json_cannot_carry_is_an_evaluation
         registry: plugins.Registry) -> None:
     decision = decide(compiled(registry, mutations=[{"plugin": {"name": "add-not-a-number"}}]), pod("nginx"))
     assert not decision.allowed and not decision.patch
-    assert "spec.mutations[0].plugin: plugin 'add-not-a-number' returned NaN, which is not a JSON number" \
-        in decision.message
+    assert "spec.mutations[0].plugin: plugin 'add-not-a-number' returned NaN at [0].value.ratio, which is not a " \
+           "JSON number" in decision.message
     assert [c.result for c in decision.plugin_calls] == ["error"]
 
 
