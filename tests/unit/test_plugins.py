@@ -216,6 +216,25 @@ def test_a_plugin_from_an_installed_package_is_discovered_and_used(installed: pa
     assert decide(on, good).allowed
 
 
+def test_a_policy_naming_a_plugin_that_failed_to_load_is_refused_with_its_error(installed: pathlib.Path) -> None:
+    found = plugins.discover()
+    with pytest.raises(PolicyCompileError, match=r"spec.validations\[0\].plugin.name: plugin 'broken' is installed "
+                                                 r"\(by acme-policy-plugins\) but failed to load: AttributeError: .*"
+                                                 r"DoesNotExist"):
+        compile_policy(parse_policy(body(validations=[{"plugin": {"name": "broken"}}])), registry=found,
+                       gates=features.parse("", found))
+
+
+def test_the_operator_logs_each_broken_plugin_once_at_startup(installed: pathlib.Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    from admission_policy.operator import handlers
+
+    handlers._report_broken_plugins(plugins.discover())
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if "broken" in r.getMessage()] == [
+        ("WARNING", "Plugin 'broken' (from acme-policy-plugins) failed to load and is unavailable: AttributeError: "
+                    "module 'acme_policy_plugins' has no attribute 'DoesNotExist'")]
+
+
 def test_the_packages_own_test_passes(installed: pathlib.Path) -> None:
     import importlib.util
     spec = importlib.util.spec_from_file_location("plugin_package_test", PACKAGE / "test_label_checksum.py")
