@@ -214,8 +214,10 @@ def plugin_cost(seconds: float) -> dict[str, Any]:
         assert decision.allowed, f"{case}: the PSS Pod must be admitted, got {decision}"
         result[f"{case}_us"] = round(per_call_us(
             lambda s=policy_set: evaluate(s, request, NAMESPACE, Phase.VALIDATE), seconds), 2)
-        if decision.plugin_calls:
-            result["plugin_call_us"] = round(sum(c.seconds for c in decision.plugin_calls) * 1e6, 2)
+        if decision.plugin_calls:   # the call as the engine records it: the median of 1,000
+            calls = sorted(sum(c.seconds for c in evaluate(policy_set, request, NAMESPACE, Phase.VALIDATE).plugin_calls)
+                           for _ in range(1_000))
+            result["plugin_call_us"] = round(calls[len(calls) // 2] * 1e6, 2)
     return result
 
 

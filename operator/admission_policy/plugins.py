@@ -20,14 +20,26 @@ The contract, because plugins run on the admission hot path:
   comes in its config, the request, the policy's ``params`` and ``context`` (watched by the
   operator, from files offline: declare them in the policy), or a cache the plugin refreshes in
   the background, bounded;
-- **bounded**: each call is timed; one over ``time_budget`` seconds (or past the request's
-  deadline) is an evaluation error of the policy, and so is raising or returning anything but
-  what is documented here: the policy's ``failurePolicy`` decides, the server never crashes;
-- **read-only inputs**: ``PluginRequest`` values are the request's own objects. A mutator gets a
-  copy of the object it may change and return.
+- **bounded**: each call runs on a worker thread of the engine's (``engine/plugincalls.py``), which
+  waits for it at most ``time_budget`` seconds (or what is left of the request's deadline) and
+  then answers at once with an evaluation error of the policy. The call is stopped (``CallStopped``,
+  a BaseException, raised in its thread: that ends Python code, not a call blocked in C such as a
+  sleep), logged once at ERROR, and until it returns the plugin's further calls fail at once.
+  Raising anything (``sys.exit()`` too; KeyboardInterrupt goes through) or returning anything but
+  what is documented here is an evaluation error too: the policy's ``failurePolicy`` decides, the
+  server never crashes;
+- **copies in, JSON out**: ``PluginRequest`` values are the plugin's own copies, each made when
+  first read, so it pays only for what it reads and changes nothing other policies, later
+  plugins, the response or the operator's caches see; a ``context`` list is a read-only sequence
+  copying one object as it is read (it may hold thousands). A mutator may change
+  ``request.object`` and return it. What a plugin returns is checked and copied: a failure is a
+  non-empty str or a Failure with a non-empty str message; a mutator's object and patch values are
+  JSON data (dicts with str keys, lists, str, int, finite float, bool, None), and the error for
+  anything else names the plugin and where it is.
 
-Discovery (``discover``) loads every entry point once; one that fails to load is listed by
-``admission-policy plugins`` with its error and is otherwise absent. Plugins never import the
+Discovery (``discover``) loads every entry point once; one that fails to load (``sys.exit()``
+included) is listed by ``admission-policy plugins`` with its error, logged at WARNING when the
+operator starts, and a policy naming it is refused with that error. Plugins never import the
 operator.
 """
 from __future__ import annotations
@@ -49,13 +61,16 @@ Kind: TypeAlias = Literal["validator", "mutator"]
 
 @dataclasses.dataclass(frozen=True)
 class PluginRequest:
-    """What a plugin sees of one admission request (the same values CEL binds)."""
+    """What a plugin sees of one admission request (the same values CEL binds). The engine passes
+    copies made on first read (``engine.plugincalls.IsolatedRequest``); a plugin's own tests build
+    one with plain values."""
     object: Any                          # None on DELETE
     old_object: Any                      # None on CREATE
     request: Mapping[str, Any]           # the AdmissionRequest, as CEL's ``request``
     namespace_object: Mapping[str, Any] | None = None
     # The policy's param object (one call per param, as for CEL; None without spec.paramKind) and
     # its context lists by entry name (spec.context): the way a plugin gets cluster data without I/O.
+    # From the engine, each list is a read-only sequence (index, iterate, len) of copies made as read.
     params: Mapping[str, Any] | None = None
     context: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
 
@@ -94,7 +109,7 @@ class Plugin(abc.ABC):
     # its maturity: Alpha is off by default, Beta on, GA always on.
     feature_gate: ClassVar[str | None] = None
     stage: ClassVar[Stage] = "Alpha"
-    time_budget: ClassVar[float] = 0.05  # seconds per call; more is an evaluation error
+    time_budget: ClassVar[float] = 0.05  # seconds per call; past it the call is abandoned: an evaluation error
 
     def configure(self, config: Mapping[str, Any]) -> Any:
         """Prepare a config that passed ``config_schema``, once per policy generation (compile
@@ -150,16 +165,19 @@ def check_config(plugin: Plugin, config: Any) -> tuple[Any, list[tuple[str, str]
     validator = jsonschema.Draft202012Validator(plugin.config_schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
-        return None, [(_pointer(error.absolute_path), error.message) for error in errors]
+        return None, [(field_path(error.absolute_path), error.message) for error in errors]
     try:
         return plugin.configure(config), []
     except ConfigError as error:
         return None, [(error.path, error.message)]
-    except Exception as exc:   # a plugin's defect: still a message, never a crash
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:   # a plugin's defect, sys.exit() included: still a message, never a crash
         return None, [("", f"plugin {plugin.name!r} failed to read its config: {type(exc).__name__}: {exc}")]
 
 
-def _pointer(path: Sequence[Any]) -> str:
+def field_path(path: Sequence[Any]) -> str:
+    """``["spec", 0, "x"]`` → ``spec[0].x``: how messages name a place in a config or a value."""
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
 
 
@@ -187,7 +205,9 @@ def discover(group: str = ENTRY_POINT_GROUP) -> Registry:
             if not isinstance(getattr(plugin, "name", None), str) or not plugin.name:
                 raise TypeError(f"{entry.value} has no name")
             jsonschema.Draft202012Validator.check_schema(plugin.config_schema)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:   # sys.exit() at import too: the plugin is unavailable, the server runs
             broken.append(Broken(entry.name, source, f"{type(exc).__name__}: {exc}"))
             continue
         if plugin.name in plugins:

@@ -142,9 +142,7 @@ def compile_policy(policy: api.AdmissionPolicy, *, registry: plugin_api.Registry
             return None
         plugin = plugins.get(ref.name)
         if plugin is None:
-            installed = ", ".join(sorted(plugins.plugins)) or "none"
-            errors.append(CelCompileError(f"{ref.path}.name", f"no plugin named {ref.name!r} is installed "
-                                                                f"(installed: {installed})"))
+            errors.append(CelCompileError(f"{ref.path}.name", _missing_plugin(plugins, ref.name)))
             return None
         if plugin.kind != kind:
             errors.append(CelCompileError(f"{ref.path}.name", f"plugin {ref.name!r} is a {plugin.kind}, "
@@ -361,6 +359,15 @@ def _release_cold_programs(policy: CompiledPolicy) -> None:
             cold += [condition for _, condition in policy.conditions] + list(policy.variables.values())
     for expression in cold:
         expression.release()
+
+
+def _missing_plugin(plugins: plugin_api.Registry, name: str) -> str:
+    """Why no plugin ``name`` can be bound: none is installed, or its entry point failed to load."""
+    broken = next((entry for entry in plugins.broken if entry.name == name), None)
+    if broken is not None:
+        return f"plugin {name!r} is installed (by {broken.source}) but failed to load: {broken.error}"
+    installed = ", ".join(sorted(plugins.plugins)) or "none"
+    return f"no plugin named {name!r} is installed (installed: {installed})"
 
 
 def _undeclared_variables(policy: api.AdmissionPolicy) -> list[CelCompileError]:

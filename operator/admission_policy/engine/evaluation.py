@@ -13,19 +13,20 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import marshal
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from .. import celcost
 from ..api import REASON_CODES, LabelSelector, non_finite
 from ..cel import POLICY_BUDGET, CelEvaluationError, CompiledExpression, new_activation
-from ..plugins import Failure, PluginRequest
+from . import plugincalls
 from .compiler import BoundPlugin, CompiledMutation, CompiledPatchOperation, CompiledPolicy, CompiledValidation
 from .inputs import InputError, Inputs, NoInputs, context_lists, describe, labels_of, select_params
-from .patching import PatchError, apply_operation, diff, json_equal, merge
+from .patching import PatchError, apply_operation, clone, diff, json_equal, merge
 from .podcontrollers import BY_RESOURCE, pod_view, template_of
 from .policyset import PolicySet
 from .request import AdmissionRequest
@@ -34,6 +35,8 @@ from .request import AdmissionRequest
 # overflows the thread's stack (8 MB) and kills the process. The API server accepts custom
 # resources up to 10,000 levels deep, so deeper than this a policy cannot read the object.
 MAX_DEPTH: Final = 2_000
+
+_Answer = TypeVar("_Answer")
 
 
 class Phase(enum.Enum):
@@ -352,7 +355,7 @@ class _Run:
             result = self._plugin_mutation(mutation.plugin, policy)
         elif mutation.spec.merge is not None:
             if_absent = mutation.spec.merge_mode == "IfAbsent"
-            result = merge(result, _clone(mutation.spec.merge), if_absent=if_absent)
+            result = merge(result, clone(mutation.spec.merge), if_absent=if_absent)
         else:
             # Values are computed against the object as it was before this mutation.
             operations = [self._operation(op, scope) for op in mutation.operations]
@@ -370,7 +373,7 @@ class _Run:
         if spec.has_value:
             # A copy of the policy's own value: the patched object must not share it (apply_operation).
             if compiled.value is None:
-                operation["value"] = _clone(spec.value)
+                operation["value"] = clone(spec.value)
             else:
                 value = operation["value"] = scope.evaluate(compiled.value)
                 if non_finite(value):
@@ -378,28 +381,28 @@ class _Run:
                                                                   "not a JSON number and cannot go into a patch")
         return operation
 
-    def _call(self, bound: BoundPlugin, policy: CompiledPolicy, obj: Any) -> Any:
-        """Call a plugin, timed: raising, or overrunning its budget, is a PluginCallError."""
+    def _call(self, bound: BoundPlugin, policy: CompiledPolicy, answer: Callable[..., _Answer]) -> _Answer:
+        """``answer`` (``plugincalls.validate`` or ``mutate``: the plugin's checked answer) from a
+        worker thread, on copies of the inputs: raising, answering other than documented, or not
+        within the plugin's budget or the request's deadline, is a PluginCallError."""
         self.check_deadline(bound.path)
-        bindings = self.bindings(policy)
-        request = PluginRequest(obj, bindings["oldObject"], self.request.raw, bindings["namespaceObject"],
-                                params=self.param, context=self.context)
         plugin = bound.plugin
+        bindings = self.bindings(policy)
+        # A mutator changes the object itself (never a Pod template: compiler); a validator judges what CEL does.
+        obj = self.object if plugin.kind == "mutator" else bindings["object"]
+        request = plugincalls.IsolatedRequest(obj, bindings["oldObject"], self.request.raw, bindings["namespaceObject"],
+                                              params=self.param, context=self.context)
+        timeout, limit = plugin.time_budget, f"its budget of {plugin.time_budget * 1000:g} ms per call"
+        if self.deadline is not None and self.deadline - self.clock() < timeout:
+            timeout, limit = self.deadline - self.clock(), "the request's evaluation deadline"
         started = time.perf_counter()
         try:
-            if plugin.kind == "validator":
-                result = plugin.validate(bound.config, request)  # type: ignore[attr-defined]
-            else:
-                result = plugin.mutate(bound.config, request)  # type: ignore[attr-defined]
-        except Exception as exc:
+            call = functools.partial(answer, plugin, bound.config, request)
+            result: _Answer = plugincalls.WORKERS.call(plugin.name, call, timeout, limit)
+        except plugincalls.PluginFault as fault:
             self.plugin_calls.append(PluginCall(plugin.name, "error", time.perf_counter() - started))
-            raise PluginCallError(bound.path, f"plugin {plugin.name!r} raised {type(exc).__name__}: {exc}") from None
-        spent = time.perf_counter() - started
-        if spent > plugin.time_budget:
-            self.plugin_calls.append(PluginCall(plugin.name, "error", spent))
-            raise PluginCallError(bound.path, f"plugin {plugin.name!r} took {spent * 1000:.0f} ms, over its "
-                                              f"budget of {plugin.time_budget * 1000:.0f} ms per call")
-        self.plugin_calls.append(PluginCall(plugin.name, "", spent))
+            raise PluginCallError(bound.path, str(fault)) from None
+        self.plugin_calls.append(PluginCall(plugin.name, "", time.perf_counter() - started))
         return result
 
     def _result(self, result: str) -> None:
@@ -407,27 +410,17 @@ class _Run:
         self.plugin_calls[-1] = dataclasses.replace(last, result=result)
 
     def _plugin_mutation(self, bound: BoundPlugin, policy: CompiledPolicy) -> Any:
-        result = self._call(bound, policy, _clone(self.object))   # never on a Pod template (compiler)
-        if result is None:
+        answer = self._call(bound, policy, plugincalls.mutate)
+        if answer is None:
             self._result("unchanged")
             return self.object
-        found = non_finite(result) if isinstance(result, (Mapping, list, tuple)) else None
-        if found:
-            self._result("error")
-            raise PluginCallError(bound.path, f"plugin {bound.name!r} returned {found}, which is not a JSON number "
-                                              "and cannot go into a patch")
-        if isinstance(result, Mapping):
-            self._result("mutated")
-            return dict(result)
-        if isinstance(result, (list, tuple)) and all(isinstance(op, Mapping) for op in result):
-            self._result("mutated")
-            changed = self.object
-            for operation in result:   # values copied: the plugin may hold on to what it returned
-                changed = apply_operation(changed, {key: _clone(value) for key, value in operation.items()})
-            return changed
-        self._result("error")
-        raise PluginCallError(bound.path, f"plugin {bound.name!r} returned {type(result).__name__}, not a JSON "
-                                          "patch (a list of operations), an object or None")
+        self._result("mutated")
+        if isinstance(answer, dict):
+            return answer
+        changed = self.object
+        for operation in answer:   # JSON data the plugin no longer holds (plugincalls.mutate)
+            changed = apply_operation(changed, operation)
+        return changed
 
     def _plugin_validation(self, policy: CompiledPolicy, validation: CompiledValidation) -> None:
         bound = validation.plugin
@@ -436,22 +429,17 @@ class _Run:
             return
         record = self.record(policy)
         try:
-            bindings = self.bindings(policy)
-            result = self._call(bound, policy, bindings["object"])
-            if not isinstance(result, (list, tuple)) or not all(isinstance(f, (str, Failure)) for f in result):
-                self._result("error")
-                raise PluginCallError(bound.path, f"plugin {bound.name!r} returned {type(result).__name__}, "
-                                                  "not a list of failures (str or Failure)")
+            failures = self._call(bound, policy, plugincalls.validate)
         except PluginCallError as error:
             if self.fail(policy, error):
                 record.failed(bound.path, str(error), error=True)
                 record.reason = record.reason or "Forbidden"
             return
-        self._result("failed" if result else "passed")
-        if result:
+        self._result("failed" if failures else "passed")
+        if failures:
             record.reason = record.reason or validation.spec.reason
-            for failure in result:
-                record.failed(bound.path, str(failure))
+            for failure in failures:
+                record.failed(bound.path, failure)
 
     def validate(self, policy: CompiledPolicy) -> None:
         if not self.selected(policy):
@@ -704,12 +692,3 @@ def _walk(body: Any) -> celcost.Sizes | str:
         else:
             size += len(value) if isinstance(value, str) else 1
     return celcost.Sizes(size, items)
-
-
-def _clone(value: Any) -> Any:
-    """A deep copy of JSON data: faster than copy.deepcopy, which tracks shared references."""
-    if isinstance(value, dict):
-        return {key: _clone(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_clone(item) for item in value]
-    return value

@@ -121,6 +121,15 @@ def _copy(container: dict[str, Any] | list[Any]) -> dict[str, Any] | list[Any]:
     return dict(container) if isinstance(container, dict) else list(container)
 
 
+def clone(value: Any) -> Any:
+    """A deep copy of JSON data: faster than copy.deepcopy, which tracks shared references."""
+    if isinstance(value, dict):
+        return {key: clone(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [clone(item) for item in value]
+    return value
+
+
 def merge(target: Any, patch: Any, *, if_absent: bool) -> Any:
     """RFC 7386 merge patch; with ``if_absent`` only fields the target lacks are set. Returns the
     merged value; ``target`` is left as it was, and the result shares what the patch leaves alone.

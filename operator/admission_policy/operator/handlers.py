@@ -24,7 +24,7 @@ from typing import Any
 import kopf
 from kubernetes_asyncio import client
 
-from .. import api, features
+from .. import api, features, plugins
 from ..engine import CompiledPolicy, Decision, Phase, PolicyCompileError, evaluate
 from . import audit, certificates, conditions, events, metrics, registration, watcher
 from .decisions import DecisionLog
@@ -97,6 +97,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     config = OperatorSettings.from_env(os.environ)
     _configure_logging(config.log_level)
     features.configure(features.parse(config.feature_gates))   # before any policy is compiled
+    _report_broken_plugins(plugins.registry())
 
     settings.admission.managed = None          # we write the configurations ourselves (DESIGN §5)
     # Kopf would post its own events about policies (a handler failed) into the operator's
@@ -160,6 +161,14 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     store.changed.set()  # write the configurations once even with no policies (the fixed entry)
     logger.info("Operator started: webhook on %s:%d, %s client config", config.listen_host, config.listen_port,
                 f"url {config.advertised_url}" if config.advertised_url else "service")
+
+
+def _report_broken_plugins(found: plugins.Registry) -> None:
+    """Log, once, each plugin entry point that failed to load: its policies are refused, and this
+    says why at startup rather than at the first `kubectl apply`."""
+    for broken in found.broken:
+        logger.warning("Plugin %r (from %s) failed to load and is unavailable: %s", broken.name, broken.source,
+                       broken.error)
 
 
 @kopf.on.cleanup()
