@@ -18,8 +18,9 @@ The contract, because plugins run on the admission hot path:
 
 - **pure with respect to the request**: no I/O in ``validate``/``mutate``; what a plugin needs
   comes in its config, the request, the policy's ``params`` and ``context`` (watched by the
-  operator, from files offline: declare them in the policy), or a cache the plugin refreshes in
-  the background, bounded;
+  operator, from files offline: declare them in the policy), or data the plugin fetches in the
+  background with :class:`Refreshed` (one result held, refreshed on its own thread, never
+  silently stale);
 - **bounded**: each call runs on a worker thread of the engine's (``engine/plugincalls.py``), which
   waits for it at most ``time_budget`` seconds (or what is left of the request's deadline) and
   then answers at once with an evaluation error of the policy. The call is stopped (``CallStopped``,
@@ -48,12 +49,17 @@ import abc
 import dataclasses
 import functools
 import importlib.metadata
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Final, Literal, TypeAlias
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Final, Generic, Literal, TypeAlias, TypeVar
 
 import jsonschema
 
 ENTRY_POINT_GROUP: Final = "admission_policy.plugins"
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Stage: TypeAlias = Literal["Alpha", "Beta", "GA"]
 Kind: TypeAlias = Literal["validator", "mutator"]
@@ -140,6 +146,84 @@ class MutatorPlugin(Plugin):
         """An RFC 6902 JSON patch (a list of operations) against ``request.object``, or the whole
         new object (``request.object`` is a copy the plugin may change), or None for no change.
         Mutations must be idempotent: the API server may call again."""
+
+
+class StaleData(Exception):
+    """What :meth:`Refreshed.value` raises when it has no value young enough: the call is an
+    evaluation error naming the plugin, and the policy's failurePolicy decides."""
+
+
+class Refreshed(Generic[T]):
+    """Data a plugin needs from outside (a registry's allowlist, a CRL, a file), fetched off the
+    hot path: ``fetch()`` runs on a daemon thread of its own, first when ``value()`` is first
+    read and then every ``every`` seconds, and ``value()`` returns the last good result at once,
+    never doing I/O. Bounded: it holds one result, the one ``fetch`` returned last; a failed fetch
+    keeps the previous result and is logged.
+
+    Never silently stale: with no result yet, or one older than ``max_age`` seconds (default three
+    refresh intervals), ``value()`` raises :class:`StaleData` saying why (the last error).
+    Create it once per plugin (a class attribute, or in ``__init__``), not per call.
+    """
+
+    def __init__(self, fetch: Callable[[], T], every: float, *, max_age: float | None = None,
+                 name: str = "", clock: Callable[[], float] = time.monotonic) -> None:
+        if every <= 0:
+            raise ValueError(f"Refreshed: every must be a positive number of seconds, not {every!r}")
+        self.fetch = fetch
+        self.every = every
+        self.max_age = 3 * every if max_age is None else max_age
+        self.name = name or getattr(fetch, "__qualname__", "data")
+        self.clock = clock
+        self._result: tuple[float, T] | None = None   # when fetched, what
+        self._error = ""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.refreshed = threading.Event()   # set once a fetch has succeeded (to wait for the first)
+        self._thread: threading.Thread | None = None
+
+    def value(self) -> T:
+        """The last good result; StaleData when there is none yet, or it is older than ``max_age``."""
+        self.start()
+        result = self._result
+        if result is None:
+            raise StaleData(f"{self.name} is not fetched yet" + (f" (last attempt: {self._error})"
+                                                                 if self._error else ""))
+        age = self.clock() - result[0]
+        if age > self.max_age:
+            raise StaleData(f"{self.name} was last fetched {age:.0f} s ago, over its max_age of "
+                            f"{self.max_age:.0f} s (last error: {self._error or 'none'})")
+        return result[1]
+
+    def refresh(self) -> bool:
+        """Fetch now, in this thread (the background thread's step; tests call it too): True when
+        a new result is kept."""
+        started = self.clock()
+        try:
+            fetched = self.fetch()
+        except Exception as exc:
+            self._error = f"{type(exc).__name__}: {exc}"
+            logger.warning("Refreshing %s failed (the last good value is kept): %s", self.name, self._error)
+            return False
+        self._result, self._error = (started, fetched), ""
+        self.refreshed.set()
+        return True
+
+    def start(self) -> None:
+        """Start the background thread, once (``value()`` does it)."""
+        if self._thread is not None:
+            return
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"refresh {self.name}", daemon=True)
+                self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.refresh()
+            self._stop.wait(self.every)
 
 
 @dataclasses.dataclass(frozen=True)

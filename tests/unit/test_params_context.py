@@ -141,6 +141,23 @@ def test_the_param_is_read_in_the_request_namespace_or_a_fixed_one() -> None:
     assert "at most 1 replicas" in decide(fixed, deployment(replicas=4), inputs).message
 
 
+def test_a_cluster_scoped_object_gets_no_namespaced_param_without_paramref_namespace() -> None:
+    """As ValidatingAdmissionPolicy: the param of a cluster-scoped request cannot be the request's
+    namespace's; it was read from every namespace, so any team's limits judged a Namespace."""
+    rule = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["namespaces"], "operations": ["CREATE"]}
+    spec = body(**PARAMS, validations=[{"expression": "params.data.max == '1'"}])
+    spec["spec"]["match"] = {"resources": [rule]}
+    compiled = compile_policy(parse_policy(spec))
+    namespace = parse_review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "1", "operation": "CREATE", "name": "new", "resource": {"group": "", "version": "v1",
+                                                                        "resource": "namespaces"},
+        "object": {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "new"}}}})
+    decision = evaluate(PolicySet([compiled]), namespace, inputs=StaticInputs([configmap("limits", max="1")]))
+    assert not decision.allowed
+    assert ("param ConfigMap limits cannot be chosen for a cluster-scoped object: ConfigMap is namespaced and "
+            "spec.paramRef.namespace is unset") in decision.message
+
+
 def test_a_param_is_found_at_any_version_of_its_group_as_the_operator_finds_it() -> None:
     """The operator watches paramKind's group and kind, served converted to its version: a file
     holding the object at another version of the group is the same param offline."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import pathlib
 import shutil
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -319,3 +320,78 @@ def test_a_gated_off_plugin_makes_the_policy_degraded_and_says_why() -> None:
     assert conditions.plugins_condition((), 0) is None
     assert conditions.plugins_condition((), 2) == conditions.Condition(
         "PluginsEnabled", "True", "Enabled", "2 plugin rule(s), all enabled")
+
+
+# --- data from outside, refreshed in the background ------------------------------------------------------
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_refreshed_data_is_the_last_good_fetch_and_never_silently_stale() -> None:
+    answers: list[Any] = [["registry.example.com"], OSError("registry down"), ["other.example.com"]]
+
+    def fetch() -> list[str]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return list(answer)
+
+    clock = Clock()
+    allowlist = plugins.Refreshed(fetch, every=60, name="the allowlist", clock=clock)
+    allowlist.start = lambda: None   # type: ignore[method-assign]  # stepped by hand here, not by its thread
+    with pytest.raises(plugins.StaleData, match="the allowlist is not fetched yet"):
+        allowlist.value()
+    assert allowlist.refresh() and allowlist.value() == ["registry.example.com"]
+    clock.now += 100
+    assert not allowlist.refresh()   # failed: the last good value stays, while young enough
+    assert allowlist.value() == ["registry.example.com"]
+    clock.now += 100                  # 200 s old, over 3 intervals
+    with pytest.raises(plugins.StaleData, match=r"last fetched 200 s ago, over its max_age of 180 s "
+                                                r"\(last error: OSError: registry down\)"):
+        allowlist.value()
+    assert allowlist.refresh() and allowlist.value() == ["other.example.com"]
+
+
+def test_refreshed_data_is_fetched_on_its_own_thread_not_the_callers() -> None:
+    fetched: list[str] = []
+    go = threading.Event()
+
+    def fetch() -> str:
+        go.wait(10)   # a slow registry: the reader must not wait for it
+        fetched.append(threading.current_thread().name)
+        return "data"
+
+    data = plugins.Refreshed(fetch, every=3600, name="crl")
+    with pytest.raises(plugins.StaleData):   # the first read starts the thread and does not wait for it
+        data.value()
+    go.set()
+    data.refreshed.wait(10)
+    assert data.value() == "data" and fetched == ["refresh crl"]
+    data.stop()
+
+
+class AllowedByRefreshed(ValidatorPlugin):
+    name: ClassVar[str] = "refreshed-allowlist"
+    stage: ClassVar[plugins.Stage] = "Beta"
+
+    def __init__(self) -> None:
+        self.allowed = plugins.Refreshed(lambda: {"nginx"}, every=3600, max_age=0.0)
+
+    def validate(self, config: Any, request: PluginRequest) -> Sequence[str]:
+        images = {c["image"] for c in request.object["spec"]["containers"]}
+        return [f"{image} is not allowed" for image in sorted(images - self.allowed.value())]
+
+
+def test_stale_refreshed_data_is_an_evaluation_error_naming_the_plugin(registry: plugins.Registry) -> None:
+    plugin = AllowedByRefreshed()
+    plugin.allowed.start = lambda: None   # type: ignore[method-assign]  # never fetched
+    extended = plugins.Registry({**registry.plugins, plugin.name: plugin}, {**registry.sources, plugin.name: "test"})
+    decision = decide(compiled(extended, validations=[{"plugin": {"name": plugin.name}}]), pod("nginx"))
+    assert not decision.allowed
+    assert "plugin 'refreshed-allowlist' raised StaleData: " in decision.message
+    assert "is not fetched yet" in decision.message

@@ -99,8 +99,8 @@ class InputError(Exception):
 
 
 def param_namespace(ref: api.ParamRef, request: AdmissionRequest) -> str | None:
-    """paramRef.namespace, else the request's (None for a cluster-scoped request: everywhere),
-    as a ValidatingAdmissionPolicyBinding reads it."""
+    """paramRef.namespace, else the request's (None for a cluster-scoped request), as a
+    ValidatingAdmissionPolicyBinding reads it."""
     return ref.namespace or request.namespace or None
 
 
@@ -118,6 +118,10 @@ def select_params(policy: api.AdmissionPolicy, request: AdmissionRequest,
         ref.name if ref.name is not None else f"objects matching {matching}")
     if listing.problem:
         raise InputError(f"param {wanted} cannot be read: {listing.problem}")
+    if namespace is None and any((body.get("metadata") or {}).get("namespace") for body in listing.objects):
+        # As ValidatingAdmissionPolicy: a namespaced param needs a namespace to be read in.
+        raise InputError(f"param {wanted} cannot be chosen for a cluster-scoped object: {kind.kind} is namespaced "
+                         "and spec.paramRef.namespace is unset")
     if ref.name is not None:
         found = [body for body in listing.objects if (body.get("metadata") or {}).get("name") == ref.name]
     else:
