@@ -133,8 +133,9 @@ def follower(monkeypatch: pytest.MonkeyPatch) -> tuple[audit.Auditor, list[hando
     auditor = audit.Auditor(None, OperatorSettings(audit_interval=60), store, None, reconciles)  # type: ignore[arg-type]
     published: list[handoff.Admissions] = []
 
-    async def publish(admissions: handoff.Admissions) -> None:
+    async def publish(admissions: handoff.Admissions) -> bool:
         published.append({name: dict(kept) for name, kept in admissions.items()})
+        return True
 
     monkeypatch.setattr(auditor.handoff, "publish", publish)
     return auditor, published
@@ -147,6 +148,7 @@ async def test_a_replica_that_does_not_reconcile_hands_its_admission_results_ove
     auditor.admitted(review("web"), warned())
     auditor.admitted(review("other"), warned("deleted-since"))   # a policy the store no longer holds
     await auditor.round()
+    await auditor.round()   # nothing new: nothing written
     (handed,) = published
     assert list(handed) == ["team"]
     ((ref, entries),) = handed["team"].values()

@@ -150,7 +150,8 @@ class Auditor:
                 self.book = ReportBook(self.api)
                 self.leading = False
             self._expire_admissions()
-            await self.handoff.publish(self.admissions)
+            if self.admissions_changed:   # encoded and compared only then: they may be thousands
+                self.admissions_changed = not await self.handoff.publish(self.admissions)
             return
         if not self.leading:
             self.leading = True

@@ -97,11 +97,12 @@ class Handoff:
     def _path(self, name: str = "") -> str:
         return resource_path("", "v1", "configmaps", self.namespace, name)
 
-    async def publish(self, admissions: Admissions) -> None:
-        """Write this replica's results when they changed; delete the ConfigMap when none are left."""
+    async def publish(self, admissions: Admissions) -> bool:
+        """Write this replica's results when they changed; delete the ConfigMap when none are left.
+        False when the write failed (said in the log): to be tried again."""
         text = encode(admissions) if any(admissions.values()) else ""
         if text == self.published:
-            return
+            return True
         if not text:
             status, answer = await call_json(self.api, "DELETE", self._path(self.name))
             if status == 404:
@@ -116,10 +117,11 @@ class Handoff:
                 status, answer = await call_json(self.api, "POST", self._path(), body=body)
         if 200 <= status <= 299:
             self.published = text
-        else:   # tried again at the next round: self.published still differs
-            message = answer.get("message", "") if isinstance(answer, Mapping) else ""
-            logger.warning("Handing admission results over (ConfigMap %s/%s) failed: %s %s", self.namespace,
-                           self.name, status, message)
+            return True
+        message = answer.get("message", "") if isinstance(answer, Mapping) else ""
+        logger.warning("Handing admission results over (ConfigMap %s/%s) failed: %s %s", self.namespace,
+                       self.name, status, message)
+        return False
 
     async def collect(self) -> dict[str, list[reports.Entry]] | None:
         """Every replica's results by ConfigMap name; None when they cannot be read (said in the log)."""
