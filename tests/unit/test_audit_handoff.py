@@ -117,7 +117,8 @@ def warned(policy: str = "team") -> Decision:
     return Decision(allowed=True, outcomes=(outcome,))
 
 
-def follower(monkeypatch: pytest.MonkeyPatch) -> tuple[audit.Auditor, list[handoff.Admissions]]:
+def follower(monkeypatch: pytest.MonkeyPatch, *, written: bool = True,
+             clock: Callable[[], float] = time.monotonic) -> tuple[audit.Auditor, list[handoff.Admissions]]:
     """An auditor whose replica does not reconcile, and what it publishes (no API server needed)."""
     store = PolicyStore()
     store.policies = PolicySet([compile_policy(api.parse_policy({
@@ -130,12 +131,13 @@ def follower(monkeypatch: pytest.MonkeyPatch) -> tuple[audit.Auditor, list[hando
     async def reconciles() -> bool:
         return False
 
-    auditor = audit.Auditor(None, OperatorSettings(audit_interval=60), store, None, reconciles)  # type: ignore[arg-type]
+    auditor = audit.Auditor(None, OperatorSettings(audit_interval=60), store, None, reconciles,  # type: ignore[arg-type]
+                            clock=clock)
     published: list[handoff.Admissions] = []
 
     async def publish(admissions: handoff.Admissions) -> bool:
         published.append({name: dict(kept) for name, kept in admissions.items()})
-        return True
+        return written
 
     monkeypatch.setattr(auditor.handoff, "publish", publish)
     return auditor, published
@@ -170,3 +172,15 @@ async def test_handed_results_expire_once_a_scan_has_judged_them_and_gauges_go_w
     assert published == [{}]
     assert not auditor.leading and auditor.scans == {}
     assert metrics.REGISTRY.get_sample_value("admission_policy_audit_violations", {"policy": "team"}) is None
+
+
+async def test_a_failed_hand_over_is_tried_again_later_not_every_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    auditor, published = follower(monkeypatch, written=False, clock=lambda: now[0])
+    auditor.admitted(review("web"), warned())
+    await auditor.round()
+    await auditor.round()
+    assert len(published) == 1
+    now[0] += audit.HANDOFF_RETRY
+    await auditor.round()
+    assert len(published) == 2

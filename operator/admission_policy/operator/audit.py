@@ -55,6 +55,7 @@ REST_PER_BUSY: Final = 1.0
 LEADER_RECHECK: Final = 15.0   # seconds a "this replica reconciles" answer is trusted
 MAX_RELISTS: Final = 3     # a listing whose continue token expired starts over at most this often
 HANDOFF_EVERY: Final = 5.0  # seconds between two reads of the other replicas' admission results
+HANDOFF_RETRY: Final = 30.0  # seconds before a failed hand-over read or write is tried again (RBAC, say)
 # An admission result a replica hands over is dropped after this many audit intervals: a scan has
 # superseded it by then (a scan starts at most one interval after the last one ended).
 HANDOFF_INTERVALS: Final = 3
@@ -87,6 +88,7 @@ class Auditor:
         self.leading = False
         self._asked: tuple[float, bool] | None = None
         self._collected: float | None = None   # when the others' admission results were last read
+        self._publish_after = 0.0               # a failed hand-over write waits until then
         # Admission results of reportAdmission policies, by policy and object, until a scan supersedes
         # them (the reconciling replica) or they are handed over (the others).
         self.admissions: handoff.Admissions = {}
@@ -150,8 +152,11 @@ class Auditor:
                 self.book = ReportBook(self.api)
                 self.leading = False
             self._expire_admissions()
-            if self.admissions_changed:   # encoded and compared only then: they may be thousands
+            if self.admissions_changed and self.clock() >= self._publish_after:
+                # Encoded and compared only then: they may be thousands.
                 self.admissions_changed = not await self.handoff.publish(self.admissions)
+                if self.admissions_changed:
+                    self._publish_after = self.clock() + HANDOFF_RETRY
             return
         if not self.leading:
             self.leading = True
@@ -221,6 +226,8 @@ class Auditor:
             return
         self._collected = self.clock()
         found = await self.handoff.collect()
+        if found is None:   # said in the log: once per HANDOFF_RETRY, not every round
+            self._collected += HANDOFF_RETRY - HANDOFF_EVERY
         for name, entries in (found or {}).items():
             current = False
             for policy, objects in handoff.by_object(entries).items():
