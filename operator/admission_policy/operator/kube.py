@@ -8,11 +8,16 @@ import logging
 import time
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config
 
 from .webhookconfig import DiscoveredResource
 
 logger = logging.getLogger(__name__)
+
+# Seconds an API call of the operator's own (not a watch) may take: without a limit the client
+# waits on a half-open connection for ever, and the audit, the reports or discovery with it.
+CALL_TIMEOUT = 60.0
 
 
 async def new_api_client(kubeconfig: str | None = None) -> client.ApiClient:
@@ -115,9 +120,13 @@ class Discovery:
         return tuple(sorted(found, key=lambda r: (r.group, r.resource)))
 
     async def _get(self, path: str) -> dict[str, Any]:
-        response = await self._api.call_api(path, "GET", header_params={"Accept": "application/json"},
-                                            response_types_map={200: "object"}, auth_settings=["BearerToken"],
-                                            _return_http_data_only=True)
+        try:
+            response = await self._api.call_api(path, "GET", header_params={"Accept": "application/json"},
+                                                response_types_map={200: "object"}, auth_settings=["BearerToken"],
+                                                _return_http_data_only=True,
+                                                _request_timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT))
+        except TimeoutError:
+            raise client.ApiException(status=504, reason=f"discovery of {path}: {_no_answer()}") from None
         return dict(response or {})
 
 
@@ -140,21 +149,32 @@ def _resources(group: str, version: str, listing: dict[str, Any]) -> list[Discov
 async def call_json(api: client.ApiClient, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
                     body: Any = None, content_type: str = "application/json") -> tuple[int, Any]:
     """One API call on a path of any resource (the typed clients know only built-in kinds):
-    the HTTP status and the decoded JSON body, whatever the status (the caller decides)."""
+    the HTTP status and the decoded JSON body, whatever the status (the caller decides). No answer
+    within ``CALL_TIMEOUT`` is a 504, an API server that cannot be reached a 503, each with a message."""
     headers = {"Accept": "application/json"}
     if body is not None:
         headers["Content-Type"] = content_type
-    response: Any = await api.call_api(path, method, query_params=query or [], header_params=headers, body=body,
-                                       auth_settings=["BearerToken"], _preload_content=False)
     try:
-        data = await response.read()
-    finally:
-        response.release()
+        async with asyncio.timeout(CALL_TIMEOUT):
+            response: Any = await api.call_api(path, method, query_params=query or [], header_params=headers,
+                                               body=body, auth_settings=["BearerToken"], _preload_content=False)
+            try:
+                data = await response.read()
+            finally:
+                response.release()
+    except TimeoutError:
+        return 504, {"message": _no_answer()}
+    except aiohttp.ClientError as exc:
+        return 503, {"message": f"cannot reach the API server: {exc}"}
     try:
         decoded = json.loads(data) if data else None
     except ValueError:
         decoded = {"message": data[:500].decode("utf-8", "replace")}
     return int(response.status), decoded
+
+
+def _no_answer() -> str:
+    return f"no answer from the API server within {CALL_TIMEOUT:g} s"
 
 
 def resource_path(group: str, version: str, resource: str, namespace: str = "", name: str = "") -> str:
