@@ -1,13 +1,27 @@
-"""The operator's own API calls (operator/kube.py) against an API server that does not answer:
-a bounded wait and a message, never a task waiting for ever (the audit, the reports, discovery)."""
+"""The operator's own API calls against an API server that fails or does not answer: a bounded
+wait and a message, never a task waiting for ever (the audit, the reports, discovery), and never
+a policy skipped because what it selects by could not be read."""
 from __future__ import annotations
 
 import asyncio
+import pathlib
+from typing import Any
 
 import kmock
 import pytest
-from emulator import CONFIGMAPS, Emulator
+from emulator import ADMISSION_POLICIES, CONFIGMAPS, VALIDATING_WEBHOOK_CONFIGURATIONS, Emulator, wait_for
 from kubernetes_asyncio import client
+from operator_env import (
+    CONFIG_NAME,
+    CREATE_POD_RULE,
+    Webhook,
+    ca_context,
+    operator_environment,
+    operator_running,
+    pod_request,
+    policy_body,
+    wait_phase,
+)
 
 from admission_policy.operator import kube
 
@@ -43,3 +57,32 @@ async def test_discovery_without_an_answer_raises_naming_the_path(emulator: Emul
         with pytest.raises(client.ApiException) as raised:
             await kube.Discovery(api).resources()
     assert raised.value.status == 504 and "discovery of /apis: no answer from the API server" in str(raised.value)
+
+
+async def test_a_namespace_that_cannot_be_read_gets_a_namespace_selector_policy_its_failure_policy(
+        emulator: Emulator, run_operator: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
+    """A request in a namespace the operator has not seen and cannot read: a policy selecting
+    namespaces by label answers by its failurePolicy, naming why (the namespace was taken as
+    unlabelled, and the policy skipped: an allow it might have denied)."""
+    env = operator_environment(monkeypatch, tmp_path / "certs")
+    emulator.kmock["get", "/api/v1/namespaces/ghost"] << 503 << {
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 503, "reason": "ServiceUnavailable",
+        "message": "etcd is busy"}
+    async with operator_running(run_operator):
+        await emulator.create(ADMISSION_POLICIES, policy_body(
+            "prod-only", match={"resources": [CREATE_POD_RULE], "namespaceSelector": {"matchLabels": {"env": "prod"}}},
+            validations=[{"expression": "true"}]))
+        await wait_phase(emulator, "prod-only", "Active")
+        config = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
+        assert config is not None
+        webhook = Webhook(ca_context(config["webhooks"][0]["clientConfig"]["caBundle"]),
+                          f"https://localhost:{env['AP_LISTEN_PORT']}")
+        ghost = pod_request("web")
+        ghost["namespace"] = ghost["object"]["metadata"]["namespace"] = "ghost"
+        response = await webhook.review("/validate", ghost)
+        assert not response["allowed"], response
+        assert "spec.match.namespaceSelector cannot be judged: reading namespace ghost failed: 503" in \
+            response["status"]["message"], response
+        assert (await webhook.review("/validate", pod_request("web")))["allowed"]   # "default" reads fine
+        await emulator.delete(ADMISSION_POLICIES, "prod-only")
+        await wait_for(lambda: emulator.peek(ADMISSION_POLICIES, "prod-only") is None, timeout=20)

@@ -271,6 +271,24 @@ def test_namespace_selector_match_labels_and_expressions() -> None:
     assert decide([p], req, namespace({"env": "dev", "team": "a"})).allowed
 
 
+def test_a_namespace_that_could_not_be_read_is_no_reason_to_skip_a_policy() -> None:
+    """Its labels are unknown, not empty: a namespaceSelector policy gets its failurePolicy answer
+    (it was skipped: an allow the policy might have denied); the others are judged as usual."""
+    selected = policy("prod-only", validations=[{"expression": "true"}],
+                      match={"namespaceSelector": {"matchLabels": {"env": "prod"}}})
+    ignored = policy("prod-ignore", failurePolicy="Ignore", validations=[{"expression": "false"}],
+                     match={"namespaceSelector": {"matchLabels": {"env": "prod"}}})
+    everywhere = policy("everywhere", validations=[NO_OFFENSIVE])
+    decision = evaluate(PolicySet([selected, ignored, everywhere]), request(pod()),
+                        namespace_error="reading namespace default failed: 503 Service Unavailable")
+    assert not decision.allowed
+    assert decision.message == ('AdmissionPolicy "prod-only" could not evaluate the request: spec.match.'
+                                "namespaceSelector cannot be judged: reading namespace default failed: 503 Service "
+                                "Unavailable")
+    assert sorted(o.policy for o in decision.outcomes if o.errors) == ["prod-ignore", "prod-only"]
+    assert not [o for o in decision.outcomes if o.policy == "everywhere" and (o.errors or o.denied)]
+
+
 def test_namespace_selector_is_ignored_for_cluster_scoped_objects() -> None:
     rule = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["nodes"], "operations": ["*"]}
     p = policy(rules=[rule], validations=[{"expression": "false"}],

@@ -122,8 +122,12 @@ def evaluate(
     deadline: float | None = None,
     clock: Callable[[], float] = time.monotonic,
     inputs: Inputs | None = None,
+    namespace_error: str = "",
 ) -> Decision:
     """Decide one admission request. Never raises for anything a request or policy contains.
+
+    ``namespace_error``: why the request's namespace could not be read (``namespace_object`` is
+    None then); a policy with a namespaceSelector gets its failurePolicy answer, never a pass.
 
     ``inputs``: where the policies' params and ``context`` lists come from (``engine.inputs``);
     a policy that reads them gets its failurePolicy answer when they are not supplied or not in sync.
@@ -137,7 +141,7 @@ def evaluate(
         candidates = policies.candidates(request)
         if not candidates:
             return Decision(allowed=True, patched_object=request.object)
-        run = _Run(request, namespace_object, deadline, clock, inputs)
+        run = _Run(request, namespace_object, deadline, clock, inputs, namespace_error)
         if phase in (Phase.MUTATE, Phase.ALL):
             for policy in candidates:
                 if policy.mutations:
@@ -174,8 +178,9 @@ class _Run:
 
     def __init__(self, request: AdmissionRequest, namespace_object: Mapping[str, Any] | None,
                  deadline: float | None = None, clock: Callable[[], float] = time.monotonic,
-                 inputs: Inputs | None = None) -> None:
+                 inputs: Inputs | None = None, namespace_error: str = "") -> None:
         self.request = request
+        self.namespace_error = namespace_error
         self.inputs: Inputs = inputs if inputs is not None else NoInputs()
         # The policy at hand's params object (one evaluation per param) and context lists.
         self.param: Mapping[str, Any] | None = None
@@ -538,6 +543,8 @@ class _Run:
             return any(selector.matches(labels) for labels in self._labels())
         if not self.request.namespace:
             return True
+        if self.namespace_error:   # unknown labels are no reason to skip the policy
+            raise _Abort(f"spec.match.namespaceSelector cannot be judged: {self.namespace_error}")
         return selector.matches(labels_of(self.namespace_object))
 
     def decision(self) -> Decision:

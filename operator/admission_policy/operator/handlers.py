@@ -21,6 +21,7 @@ import time
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
+import aiohttp
 import kopf
 from kubernetes_asyncio import client
 
@@ -465,12 +466,15 @@ async def _decide(phase: Phase, webhook: str) -> None:
     if never_judged(op.settings, request.group, request.resource, request.namespace, request.name):
         exchange.decision = Decision(allowed=True)   # the operator's own API and namespace (issue 18)
         return
-    namespace = None
+    deadline = arrived + op.settings.evaluation_deadline
+    namespace, namespace_error = None, ""
     if request.namespace:
-        namespace = op.store.namespaces.get(request.namespace) or await _fetch_namespace(op, request.namespace)
+        namespace = op.store.namespaces.get(request.namespace)
+        if namespace is None:
+            namespace, namespace_error = await _fetch_namespace(op, request.namespace, deadline)
     started = time.perf_counter()
-    decision = evaluate(op.store.policies, request, namespace, phase,
-                        deadline=arrived + op.settings.evaluation_deadline, inputs=op.sources)
+    decision = evaluate(op.store.policies, request, namespace, phase, deadline=deadline, inputs=op.sources,
+                        namespace_error=namespace_error)
     metrics.observe(decision, request.operation, webhook, time.perf_counter() - started)
     exchange.decision = decision
     op.decisions.record(request, decision, webhook)
@@ -510,17 +514,24 @@ def _spec_written(new: Any, old: Any) -> bool:
     return not (isinstance(new, Mapping) and isinstance(old, Mapping) and new.get("spec") == old.get("spec"))
 
 
-async def _fetch_namespace(op: Operator, name: str) -> Mapping[str, Any] | None:
-    """A namespace the watcher has not delivered yet (created a moment ago)."""
+async def _fetch_namespace(op: Operator, name: str, deadline: float) -> tuple[Mapping[str, Any] | None, str]:
+    """A namespace the watcher has not delivered yet (created a moment ago), and why it could not
+    be read ("" when read, or when it does not exist). Half of what is left before the request's
+    deadline is given to it: the rest is the policies'."""
     try:
-        response: Any = await client.CoreV1Api(op.api_client).read_namespace(name, _preload_content=False)
-        if not 200 <= response.status <= 299:   # unread, the client raises on no status: a Status is no namespace
-            return None
-        body: Mapping[str, Any] = await response.json()
-    except client.ApiException:
-        return None
+        async with asyncio.timeout(max(0.0, deadline - time.monotonic()) / 2):
+            response: Any = await client.CoreV1Api(op.api_client).read_namespace(name, _preload_content=False)
+            if response.status == 404:
+                return None, ""
+            if not 200 <= response.status <= 299:   # unread, the client raises on no status
+                return None, f"reading namespace {name} failed: {response.status} {response.reason}"
+            body: Mapping[str, Any] = await response.json()
+    except TimeoutError:
+        return None, f"namespace {name} could not be read in time"
+    except (client.ApiException, aiohttp.ClientError, ValueError) as exc:
+        return None, f"reading namespace {name} failed: {type(exc).__name__}: {exc}"
     op.store.namespaces.setdefault(name, body)
-    return body
+    return body, ""
 
 
 # --- background ----------------------------------------------------------------------------------------------
