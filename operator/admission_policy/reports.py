@@ -40,9 +40,15 @@ class ObjectRef:
     namespace: str = ""
     uid: str = ""
 
-    def same_object(self, other: ObjectRef) -> bool:
-        """By kind, namespace and name: an object admitted on CREATE has no uid yet."""
-        return (self.kind, self.namespace, self.name) == (other.kind, other.namespace, other.name)
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """Kind, namespace and name: an object admitted on CREATE has no uid yet."""
+        return self.kind, self.namespace, self.name
+
+    @property
+    def identity(self) -> str:
+        """What names the object in ``Entry.key``: its uid, else kind/namespace/name."""
+        return self.uid or f"{self.kind}/{self.namespace}/{self.name}"
 
     def as_dict(self) -> dict[str, str]:
         ref = {"apiVersion": self.api_version, "kind": self.kind, "name": self.name}
@@ -51,6 +57,11 @@ class ObjectRef:
         if self.uid:
             ref["uid"] = self.uid
         return ref
+
+    @classmethod
+    def read(cls, ref: Mapping[str, Any]) -> ObjectRef:
+        """From ``as_dict``'s shape (a report's or a hand-over's ``resources[0]``)."""
+        return cls(*(str(ref.get(key) or "") for key in ("apiVersion", "kind", "name", "namespace", "uid")))
 
     @classmethod
     def of(cls, body: Mapping[str, Any], api_version: str, kind: str, namespaced: bool = True) -> ObjectRef:
@@ -75,8 +86,7 @@ class Entry:
     @property
     def key(self) -> tuple[str, str, str, str, str]:
         """What makes a result the same result scan after scan (its timestamp stays)."""
-        return self.policy, self.ref.uid or f"{self.ref.kind}/{self.ref.namespace}/{self.ref.name}", self.rule, \
-            self.result, self.message
+        return self.policy, self.ref.identity, self.rule, self.result, self.message
 
     would_mutate: bool = False
 
@@ -141,15 +151,15 @@ class Results:
     def with_objects(self, objects: Iterable[tuple[ObjectRef, Iterable[Entry]]]) -> Results:
         """A copy where each object's results are the given entries (an admission's, newer than a
         scan's): one copy for all of them, since admissions may come by the thousand."""
-        by_namespace: dict[str, dict[tuple[str, str, str], list[Entry]]] = {}
+        by_namespace: dict[str, dict[tuple[str, str, str], Iterable[Entry]]] = {}
         for ref, entries in objects:
-            by_namespace.setdefault(ref.namespace, {})[ref.kind, ref.namespace, ref.name] = list(entries)
+            by_namespace.setdefault(ref.namespace, {})[ref.key] = entries
         copied = Results(dict(self.entries), dict(self.counts))
         for namespace, replaced in by_namespace.items():
             counts = copied.counts[namespace] = collections.Counter(self.counts.get(namespace, ()))
             kept = copied.entries[namespace] = []
             for entry in self.entries.get(namespace, ()):
-                if (entry.ref.kind, entry.ref.namespace, entry.ref.name) in replaced:
+                if entry.ref.key in replaced:
                     counts[entry.result] -= 1
                 else:
                     kept.append(entry)
@@ -159,21 +169,26 @@ class Results:
         return copied
 
 
-
-def seen_in(report: Mapping[str, Any], policy: str) -> dict[tuple[str, str, str, str, str], int]:
-    """When each of a policy's results in a written report was first seen, by ``Entry.key``: a
-    restarted operator (or a new reconciling replica) keeps the timestamps, so it rewrites nothing."""
-    found: dict[tuple[str, str, str, str, str], int] = {}
+def first_seen(report: Mapping[str, Any]) -> dict[str, dict[tuple[str, str, str, str, str], int]]:
+    """When each result in a written report was first seen, by policy and ``Entry.key``: a restarted
+    operator (or a new reconciling replica) keeps the timestamps, so it rewrites nothing."""
+    found: dict[str, dict[tuple[str, str, str, str, str], int]] = {}
     for result in report.get("results") or ():
-        resources = result.get("resources") if isinstance(result, Mapping) else None
-        timestamp = result.get("timestamp") if isinstance(result, Mapping) else None
-        if result.get("policy") != policy or not resources or not isinstance(resources[0], Mapping) \
+        if not isinstance(result, Mapping):
+            continue
+        resources, timestamp, policy = result.get("resources"), result.get("timestamp"), result.get("policy")
+        if not isinstance(policy, str) or not resources or not isinstance(resources[0], Mapping) \
                 or not isinstance(timestamp, Mapping) or not isinstance(timestamp.get("seconds"), int):
             continue
-        ref = resources[0]
-        found[policy, ref.get("uid") or f"{ref.get('kind')}/{ref.get('namespace', '')}/{ref.get('name')}",
-              result.get("rule", ""), result.get("result"), result.get("message", "")] = timestamp["seconds"]
+        key = (policy, ObjectRef.read(resources[0]).identity, str(result.get("rule", "")),
+               str(result.get("result")), str(result.get("message", "")))
+        found.setdefault(policy, {})[key] = timestamp["seconds"]
     return found
+
+
+def seen_in(report: Mapping[str, Any], policy: str) -> dict[tuple[str, str, str, str, str], int]:
+    """``first_seen`` of one policy."""
+    return first_seen(report).get(policy, {})
 
 
 def summary(counts: Mapping[str, int]) -> dict[str, int]:

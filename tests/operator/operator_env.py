@@ -126,11 +126,16 @@ async def serving_webhook(emulator: Emulator, run_operator: Any, env: dict[str, 
                                                "message": "images should be pinned"}])):
             await emulator.create(ADMISSION_POLICIES, body)
             await wait_phase(emulator, body["metadata"]["name"], "Active")
-        config = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
-        assert config is not None
-        context = ca_context(config["webhooks"][0]["clientConfig"]["caBundle"])
-        # "localhost" is a SAN of the serving certificate; hostname checking stays on.
-        yield Webhook(context, f"https://localhost:{env['AP_LISTEN_PORT']}")
+        yield webhook_client(emulator, env)
+
+
+def webhook_client(emulator: Emulator, env: dict[str, str]) -> Webhook:
+    """The running operator's webhook, trusting the CA it wrote into its configuration."""
+    config = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
+    assert config is not None
+    # "localhost" is a SAN of the serving certificate; hostname checking stays on.
+    return Webhook(ca_context(config["webhooks"][0]["clientConfig"]["caBundle"]),
+                   f"https://localhost:{env['AP_LISTEN_PORT']}")
 
 
 def pod_request(name: str, labels: dict[str, str] | None = None, image: str = "nginx:1.27",

@@ -8,18 +8,16 @@ from typing import Any
 import kmock
 import pytest
 import yaml
-from emulator import ADMISSION_POLICIES, CONFIGMAPS, VALIDATING_WEBHOOK_CONFIGURATIONS, Emulator, wait_for
+from emulator import ADMISSION_POLICIES, CONFIGMAPS, Emulator, wait_for
 from operator_env import (
-    CONFIG_NAME,
     CREATE_POD_RULE,
     NAMESPACE,
-    Webhook,
-    ca_context,
     operator_environment,
     operator_running,
     pod_request,
     policy_body,
     wait_phase,
+    webhook_client,
 )
 
 from admission_policy import reports
@@ -146,10 +144,7 @@ async def test_a_report_admission_policy_reports_a_warn_failure_at_once(
                           "message": "pods need a team"}]))
         await wait_phase(emulator, "team-warn", "Active")
         await wait_for(lambda: "scannedGeneration" in audit_status(emulator, "team-warn"), timeout=20)
-        config = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
-        assert config is not None
-        webhook = Webhook(ca_context(config["webhooks"][0]["clientConfig"]["caBundle"]),
-                          f"https://localhost:{env['AP_LISTEN_PORT']}")
+        webhook = webhook_client(emulator, env)
         dry = pod_request("dry-run", uid="b0c1a2d3-0000-4000-8000-000000000002")
         dry["dryRun"] = True
         for request in (dry, pod_request("no-team")):

@@ -9,18 +9,16 @@ from typing import Any
 
 import kmock
 import pytest
-from emulator import ADMISSION_POLICIES, CONFIGMAPS, VALIDATING_WEBHOOK_CONFIGURATIONS, Emulator, wait_for
+from emulator import ADMISSION_POLICIES, CONFIGMAPS, Emulator, wait_for
 from kubernetes_asyncio import client
 from operator_env import (
-    CONFIG_NAME,
     CREATE_POD_RULE,
-    Webhook,
-    ca_context,
     operator_environment,
     operator_running,
     pod_request,
     policy_body,
     wait_phase,
+    webhook_client,
 )
 
 from admission_policy.operator import kube
@@ -73,10 +71,7 @@ async def test_a_namespace_that_cannot_be_read_gets_a_namespace_selector_policy_
             "prod-only", match={"resources": [CREATE_POD_RULE], "namespaceSelector": {"matchLabels": {"env": "prod"}}},
             validations=[{"expression": "true"}]))
         await wait_phase(emulator, "prod-only", "Active")
-        config = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
-        assert config is not None
-        webhook = Webhook(ca_context(config["webhooks"][0]["clientConfig"]["caBundle"]),
-                          f"https://localhost:{env['AP_LISTEN_PORT']}")
+        webhook = webhook_client(emulator, env)
         ghost = pod_request("web")
         ghost["namespace"] = ghost["object"]["metadata"]["namespace"] = "ghost"
         response = await webhook.review("/validate", ghost)

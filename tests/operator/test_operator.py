@@ -28,15 +28,15 @@ from emulator import (
 from operator_env import (
     CONFIG_NAME,
     NAMESPACE,
-    ca_context,
     conditions,
     operator_environment,
     operator_running,
     phase,
     policy_body,
     wait_phase,
+    webhook_client,
 )
-from test_webhook_tls import Webhook, pod_request
+from test_webhook_tls import pod_request
 
 from admission_policy.operator import watcher
 
@@ -477,13 +477,6 @@ def admission_request(resource: str, kind: str, name: str, *, group: str = "", v
             "name": name, "namespace": namespace, "operation": operation,
             "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
             "object": body, "oldObject": body if operation == "UPDATE" else None, "dryRun": dry_run}
-
-
-def webhook_client(emulator: Emulator, env: dict[str, str]) -> Webhook:
-    config = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
-    assert config is not None
-    return Webhook(ca_context(config["webhooks"][0]["clientConfig"]["caBundle"]),
-                   f"https://localhost:{env['AP_LISTEN_PORT']}")
 
 
 WILDCARD = {"apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"], "operations": ["*"]}

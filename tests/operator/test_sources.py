@@ -22,20 +22,17 @@ from emulator import (
     ADMISSION_POLICIES,
     CONFIGMAPS,
     DEPLOYMENTS,
-    VALIDATING_WEBHOOK_CONFIGURATIONS,
     Emulator,
     wait_for,
 )
 from operator_env import (
-    CONFIG_NAME,
-    Webhook,
-    ca_context,
     conditions,
     operator_environment,
     operator_running,
     pod_request,
     policy_body,
     wait_phase,
+    webhook_client,
 )
 
 from admission_policy import api
@@ -91,13 +88,6 @@ def async_equals(read: Callable[[], Any], expected: Any) -> Callable[[], Any]:
 
 async def not_(predicate: Callable[[], Any]) -> bool:
     return not await predicate()
-
-
-def webhook_of(emulator: Emulator, env: dict[str, str]) -> Webhook:
-    config = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
-    assert config is not None
-    return Webhook(ca_context(config["webhooks"][0]["clientConfig"]["caBundle"]),
-                   f"https://localhost:{env['AP_LISTEN_PORT']}")
 
 
 def pod_in(namespace: str) -> dict[str, Any]:
@@ -202,7 +192,7 @@ async def test_objects_created_and_deleted_in_the_cluster_are_what_requests_see(
     async with operator_running(run_operator):
         await emulator.create(ADMISSION_POLICIES, context_policy("few-configmaps"))
         await wait_phase(emulator, "few-configmaps", "Active")
-        webhook = webhook_of(emulator, env)
+        webhook = webhook_client(emulator, env)
 
         async def allowed() -> bool:
             return bool((await webhook.review("/validate", pod_in("apps")))["allowed"])
@@ -225,7 +215,7 @@ async def test_a_source_that_cannot_be_listed_degrades_its_policy_until_it_is_li
     async with operator_running(run_operator):
         await emulator.create(ADMISSION_POLICIES, context_policy("few-configmaps"))
         await wait_phase(emulator, "few-configmaps", "Active")
-        webhook = webhook_of(emulator, env)
+        webhook = webhook_client(emulator, env)
 
         # The operator loses its RBAC for ConfigMaps: the watch and then each list are refused.
         outage = Outage(refuse(403, "Forbidden"))
@@ -260,7 +250,7 @@ async def test_a_stalled_watch_is_reported_and_not_served_until_listed_again(
     async with operator_running(run_operator):
         await emulator.create(ADMISSION_POLICIES, context_policy("few-configmaps"))
         await wait_phase(emulator, "few-configmaps", "Active")
-        webhook = webhook_of(emulator, env)
+        webhook = webhook_client(emulator, env)
         with stalled(emulator, CONFIGMAPS) as outage:
             body = await wait_phase(emulator, "few-configmaps", "Degraded")
             message = conditions(body)["InputsSynced"]["message"]
@@ -284,7 +274,7 @@ async def test_a_context_over_its_max_objects_degrades_its_policy_naming_the_nam
         await emulator.create(ADMISSION_POLICIES, context_policy(
             "capped", max_objects=2, validations=[{"expression": "context.cms.size() >= 0", "message": "never"}]))
         await wait_phase(emulator, "capped", "Active")
-        webhook = webhook_of(emulator, env)
+        webhook = webhook_client(emulator, env)
         assert (await webhook.review("/validate", pod_in("apps")))["allowed"]
 
         await emulator.create(CONFIGMAPS, configmap("c"))

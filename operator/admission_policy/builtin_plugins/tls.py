@@ -47,8 +47,10 @@ def _field(body: Mapping[str, Any], key: str) -> bytes | str:
 
 def _unchanged(request: PluginRequest) -> bool:
     """An UPDATE whose certificate and key are what the stored Secret already held."""
+    if request.operation != "UPDATE":
+        return False
     old = request.old_object
-    if request.operation != "UPDATE" or not isinstance(old, Mapping):
+    if not isinstance(old, Mapping):
         return False
     return all(_field(request.object, key) == _field(old, key) for key in TLS_KEYS)
 
@@ -62,15 +64,16 @@ def _describe(index: int, certificate: x509.Certificate) -> str:
 
 
 def _validity(index: int, certificate: x509.Certificate, now: datetime.datetime, days: int) -> list[Failure]:
-    what = _describe(index, certificate)
     starts, ends = certificate.not_valid_before_utc, certificate.not_valid_after_utc
     if now < starts:
-        return [Failure(f"{what} is not valid before {starts.isoformat()}", CRT_FIELD)]
-    if now >= ends:
-        return [Failure(f"{what} expired on {ends.isoformat()}", CRT_FIELD)]
-    if days and ends - now < datetime.timedelta(days=days):
-        return [Failure(f"{what} expires on {ends.isoformat()}, within {days} days", CRT_FIELD)]
-    return []
+        problem = f"is not valid before {starts.isoformat()}"
+    elif now >= ends:
+        problem = f"expired on {ends.isoformat()}"
+    elif days and ends - now < datetime.timedelta(days=days):
+        problem = f"expires on {ends.isoformat()}, within {days} days"
+    else:
+        return []   # the subject is named only in a failure: its text costs more than the check
+    return [Failure(f"{_describe(index, certificate)} {problem}", CRT_FIELD)]
 
 
 def _key_match(body: Mapping[str, Any], certificate: x509.Certificate) -> list[Failure]:

@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import Any, Final
 
 import click
@@ -84,7 +83,7 @@ def manifest_targets(paths: Iterable[str]) -> Iterator[Target]:
     """The objects in files and directories (policies and test suites beside them are skipped;
     Namespaces are audited, and also give namespaceSelector the labels of their namespace)."""
     for root in paths:
-        for document in documents_in(root, allow_empty=Path(root).is_dir()):
+        for document in documents_in(root):
             if is_suite(document):   # an `admission-policy test` suite beside the manifests
                 continue
             for source, body in kubernetes_objects(document):
@@ -128,7 +127,7 @@ async def audit_cluster(policies: list[CompiledPolicy], kubeconfig: str | None, 
     """List what the policies' rules name in a live cluster, page by page as the operator does,
     and judge it here: nothing is written to the cluster."""
     from ..operator.audit import ListingError, display, list_objects
-    from ..operator.kube import Discovery, call_json, new_api_client
+    from ..operator.kube import Discovery, call_json, message_of, new_api_client
     from ..operator.registration import routes
     from ..operator.webhookconfig import listable_resources
 
@@ -138,8 +137,7 @@ async def audit_cluster(policies: list[CompiledPolicy], kubeconfig: str | None, 
         discovered = await Discovery(api_client).resources()
         status, listing = await call_json(api_client, "GET", "/api/v1/namespaces")
         if status != 200:
-            message = listing.get("message", "") if isinstance(listing, Mapping) else ""
-            raise InputError(f"cannot list the cluster's namespaces: {status} {message}".strip())
+            raise InputError(f"cannot list the cluster's namespaces: {status} {message_of(listing)}".strip())
         namespaces = {str(item["metadata"]["name"]): item for item in listing.get("items") or []}
         targets = {(t.group, t.resource): t for policy in policies if audits(policy)
                    for t in listable_resources(routes(policy), discovered)}

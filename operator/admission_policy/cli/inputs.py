@@ -23,8 +23,9 @@ def checked_inputs(policies: Iterable[CompiledPolicy], params: Sequence[Found],
                    context: Mapping[str, tuple[str, Sequence[Found]]]) -> StaticInputs:
     """``context``: by entry name, where the name was given (for the message) and its objects."""
     policies = list(policies)
+    kinds = {kind for p in policies if (kind := p.policy.param_kind) is not None}
     for found in params:
-        _check_param(policies, *found)
+        _check_param(kinds, *found)
     for name, (where, objects) in context.items():
         entries = _entries(policies, name, where)
         for found in objects:
@@ -33,8 +34,7 @@ def checked_inputs(policies: Iterable[CompiledPolicy], params: Sequence[Found],
                         {name: [body for _, body in objects] for name, (_, objects) in context.items()})
 
 
-def _check_param(policies: list[CompiledPolicy], source: str, body: Mapping[str, Any]) -> None:
-    kinds = {kind for p in policies if (kind := p.policy.param_kind) is not None}
+def _check_param(kinds: set[api.ParamKind], source: str, body: Mapping[str, Any]) -> None:
     if any(is_of_kind(body, kind) for kind in kinds):
         return
     read = f"they read {', '.join(sorted(map(str, kinds)))}" if kinds else "none sets spec.paramKind"
@@ -54,14 +54,14 @@ def _entries(policies: list[CompiledPolicy], name: str, where: str) -> list[tupl
 def _check_context_object(entries: list[tuple[str, api.ContextEntry]], name: str, source: str,
                           body: Mapping[str, Any]) -> None:
     for policy, entry in entries:
-        if not is_of_source(body, entry.source):
+        if not _is_of_source(body, entry.source):
             group = entry.source.group or "core"
             raise InputError(f"{source}: {describe(body)} ({body.get('apiVersion')}) is not what context {name!r} of "
                              f"AdmissionPolicy {policy!r} lists: {entry.source.resource} of API group {group} "
                              f"({entry.path})")
 
 
-def is_of_source(body: Mapping[str, Any], source: api.ContextSource) -> bool:
+def _is_of_source(body: Mapping[str, Any], source: api.ContextSource) -> bool:
     """Offline there is no discovery: the kind's plural stands for its resource (a kind named
     like its resource, as Endpoints, counts too)."""
     gvr = resource_of(body)

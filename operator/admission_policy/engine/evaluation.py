@@ -386,10 +386,12 @@ class _Run:
                                                                   "not a JSON number and cannot go into a patch")
         return operation
 
-    def _call(self, bound: BoundPlugin, policy: CompiledPolicy, answer: Callable[..., _Answer]) -> _Answer:
+    def _call(self, bound: BoundPlugin, policy: CompiledPolicy, answer: Callable[..., _Answer],
+              word: Callable[[_Answer], str]) -> _Answer:
         """``answer`` (``plugincalls.validate`` or ``mutate``: the plugin's checked answer) from a
         worker thread, on copies of the inputs: raising, answering other than documented, or not
-        within the plugin's budget or the request's deadline, is a PluginCallError."""
+        within the plugin's budget or the request's deadline, is a PluginCallError. The call is
+        recorded with ``word(answer)`` (its result in the metrics), or "error"."""
         self.check_deadline(bound.path)
         plugin = bound.plugin
         bindings = self.bindings(policy)
@@ -398,8 +400,9 @@ class _Run:
         request = plugincalls.IsolatedRequest(obj, bindings["oldObject"], self.request.raw, bindings["namespaceObject"],
                                               params=self.param, context=self.context)
         timeout, limit = plugin.time_budget, f"its budget of {plugin.time_budget * 1000:g} ms per call"
-        if self.deadline is not None and self.deadline - self.clock() < timeout:
-            timeout, limit = self.deadline - self.clock(), "the request's evaluation deadline"
+        left = self.deadline - self.clock() if self.deadline is not None else timeout
+        if left < timeout:
+            timeout, limit = left, "the request's evaluation deadline"
         started = time.perf_counter()
         try:
             call = functools.partial(answer, plugin, bound.config, request)
@@ -407,19 +410,14 @@ class _Run:
         except plugincalls.PluginFault as fault:
             self.plugin_calls.append(PluginCall(plugin.name, "error", time.perf_counter() - started))
             raise PluginCallError(bound.path, str(fault)) from None
-        self.plugin_calls.append(PluginCall(plugin.name, "", time.perf_counter() - started))
+        self.plugin_calls.append(PluginCall(plugin.name, word(result), time.perf_counter() - started))
         return result
 
-    def _result(self, result: str) -> None:
-        last = self.plugin_calls[-1]
-        self.plugin_calls[-1] = dataclasses.replace(last, result=result)
-
     def _plugin_mutation(self, bound: BoundPlugin, policy: CompiledPolicy) -> Any:
-        answer = self._call(bound, policy, plugincalls.mutate)
+        answer = self._call(bound, policy, plugincalls.mutate,
+                            lambda found: "unchanged" if found is None else "mutated")
         if answer is None:
-            self._result("unchanged")
             return self.object
-        self._result("mutated")
         if isinstance(answer, dict):
             return answer
         changed = self.object
@@ -434,13 +432,12 @@ class _Run:
             return
         record = self.record(policy)
         try:
-            failures = self._call(bound, policy, plugincalls.validate)
+            failures = self._call(bound, policy, plugincalls.validate, lambda found: "failed" if found else "passed")
         except PluginCallError as error:
             if self.fail(policy, error):
                 record.failed(bound.path, str(error), error=True)
                 record.reason = record.reason or "Forbidden"
             return
-        self._result("failed" if failures else "passed")
         if failures:
             record.reason = record.reason or validation.spec.reason
             for failure in failures:

@@ -113,14 +113,17 @@ def select_params(policy: api.AdmissionPolicy, request: AdmissionRequest,
     assert kind is not None and ref is not None
     namespace = param_namespace(ref, request)
     listing = inputs.params(kind, namespace)
-    matching = api.selector_text(ref.selector or api.LabelSelector()) or "everything"
-    wanted = f"{kind.kind} {f'{namespace}/' if namespace else ''}" + (
-        ref.name if ref.name is not None else f"objects matching {matching}")
+
+    def wanted() -> str:   # for the messages only: not built for a request that finds its param
+        matching = api.selector_text(ref.selector or api.LabelSelector()) or "everything"
+        return f"{kind.kind} {f'{namespace}/' if namespace else ''}" + (
+            ref.name if ref.name is not None else f"objects matching {matching}")
+
     if listing.problem:
-        raise InputError(f"param {wanted} cannot be read: {listing.problem}")
+        raise InputError(f"param {wanted()} cannot be read: {listing.problem}")
     if namespace is None and any((body.get("metadata") or {}).get("namespace") for body in listing.objects):
         # As ValidatingAdmissionPolicy: a namespaced param needs a namespace to be read in.
-        raise InputError(f"param {wanted} cannot be chosen for a cluster-scoped object: {kind.kind} is namespaced "
+        raise InputError(f"param {wanted()} cannot be chosen for a cluster-scoped object: {kind.kind} is namespaced "
                          "and spec.paramRef.namespace is unset")
     if ref.name is not None:
         found = [body for body in listing.objects if (body.get("metadata") or {}).get("name") == ref.name]
@@ -133,7 +136,7 @@ def select_params(policy: api.AdmissionPolicy, request: AdmissionRequest,
         return found
     if ref.not_found_action == "Allow":
         return None
-    raise InputError(f"param {wanted} not found (spec.paramRef.parameterNotFoundAction is Deny)")
+    raise InputError(f"param {wanted()} not found (spec.paramRef.parameterNotFoundAction is Deny)")
 
 
 def context_lists(policy: api.AdmissionPolicy, request: AdmissionRequest,

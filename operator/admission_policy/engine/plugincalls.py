@@ -248,6 +248,10 @@ class IsolatedRequest(PluginRequest):
     def context(self) -> Mapping[str, Sequence[Any]]:
         return self._copies["context"]  # type: ignore[no-any-return]
 
+    @property
+    def operation(self) -> str:   # a str, nothing to isolate: no copy of the whole request for it
+        return str(self._sources["request"].get("operation", ""))
+
 
 def copied(value: Any) -> Any:
     """A deep copy of JSON data, through marshal (C: a third of ``clone``'s time on a Pod); by
@@ -306,14 +310,13 @@ def validate(plugin: Plugin, config: Any, request: PluginRequest) -> list[str]:
                           "(str or Failure)")
     messages = []
     for index, failure in enumerate(result):
-        message, field, what = failure, "", _shown(failure)
-        if isinstance(failure, Failure):
-            message, field = failure.message, failure.field
-            what = f"a Failure with message {_shown(message)} and field {_shown(field)}"
+        message, field = (failure.message, failure.field) if isinstance(failure, Failure) else (failure, "")
         if not (isinstance(message, str) and message.strip() and isinstance(field, str)):
+            what = f"a Failure with message {_shown(message)} and field {_shown(field)}" \
+                if isinstance(failure, Failure) else _shown(failure)
             raise PluginFault(f"plugin {plugin.name!r} returned {what} at [{index}]: a failure is a non-empty str, "
                               "or a Failure with a non-empty str message (and a str field)")
-        messages.append(f"{field}: {message}" if field else message)
+        messages.append(str(failure))
     return messages
 
 

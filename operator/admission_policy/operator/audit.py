@@ -39,7 +39,7 @@ from ..engine.background import (
     user_info_reads,
 )
 from . import handoff, metrics, registration
-from .kube import Discovery, call_json, resource_path
+from .kube import Discovery, call_json, message_of, resource_path
 from .reportwriter import ReportBook
 from .settings import OperatorSettings
 from .store import PolicyStore
@@ -92,13 +92,13 @@ class Auditor:
         # Admission results of reportAdmission policies, by policy and object, until a scan supersedes
         # them (the reconciling replica) or they are handed over (the others).
         self.admissions: handoff.Admissions = {}
-        self.admissions_changed = False
+        self.changed: set[str] = set()   # the policies whose admission results changed since written
 
     def admitted(self, request: AdmissionRequest, decision: Decision) -> None:
         """Keep an Audit or Warn policy's failures at admission for the reports, when the policy
         asks for it (``spec.reportAdmission``), whichever replica serves the request: the one that
         reconciles writes them, the others hand them over."""
-        if request.dry_run or request.operation not in ("CREATE", "UPDATE") \
+        if not self.settings.audit_interval or request.dry_run or request.operation not in ("CREATE", "UPDATE") \
                 or request.sub_resource or not isinstance(request.object, Mapping):
             return
         for outcome in decision.outcomes:
@@ -116,10 +116,9 @@ class Auditor:
             result = AuditResult(outcome.policy, outcome.enforcement, WARN if outcome.enforcement == "Warn" else FAIL,
                                  outcome.findings, template_of=outcome.template_of)
             kept = self.admissions.setdefault(outcome.policy, {})
-            key = ref.kind, ref.namespace, ref.name
-            if key in kept or len(kept) < reports.MAX_RESULTS:
-                kept[key] = ref, reports.entries(result, ref, int(time.time()), reports.ORIGIN_ADMISSION)
-                self.admissions_changed = True
+            if ref.key in kept or len(kept) < reports.MAX_RESULTS:
+                kept[ref.key] = ref, reports.entries(result, ref, int(time.time()), reports.ORIGIN_ADMISSION)
+                self.changed.add(outcome.policy)
 
     async def run(self) -> None:
         """Forever: a round every ``TICK``; a failed round is logged and tried again."""
@@ -152,10 +151,11 @@ class Auditor:
                 self.book = ReportBook(self.api)
                 self.leading = False
             self._expire_admissions()
-            if self.admissions_changed and self.clock() >= self._publish_after:
+            if self.changed and self.clock() >= self._publish_after:
                 # Encoded and compared only then: they may be thousands.
-                self.admissions_changed = not await self.handoff.publish(self.admissions)
-                if self.admissions_changed:
+                if await self.handoff.publish(self.admissions):
+                    self.changed.clear()
+                else:
                     self._publish_after = self.clock() + HANDOFF_RETRY
             return
         if not self.leading:
@@ -168,11 +168,9 @@ class Auditor:
             metrics.audit_forget(name)
             logger.info("AdmissionPolicy %s: its audit results are removed", name)
         due = [policy for name, policy in policies.items() if self._due(name)]
-        if self.admissions_changed:
-            self.admissions_changed = False
-            for name in self.admissions:
-                if name in self.scans:
-                    self.book.put(name, self._with_admissions(name, self.scans[name].results))
+        for name in self.changed & set(self.scans):
+            self.book.put(name, self._with_admissions(name, self.scans[name].results))
+        self.changed.clear()
         if not (due or self.book.dirty or self.book.written is None):
             return   # nothing to scan or write: an idle round costs no API call
         discovered = await self.discovery.resources()
@@ -185,7 +183,7 @@ class Auditor:
             if self.store.policies.get(policy.name) is not policy:
                 continue   # changed or deleted during the scan: the next round scans it again
             self.scans[policy.name] = scan
-            self._superseded(policy.name, scan)
+            self._drop_before(policy.name, scan.began)   # the scan judged what was admitted before it began
             self.book.put(policy.name, self._with_admissions(policy.name, scan.results))
             metrics.audit_scanned(policy.name, scan.status["objectsScanned"], scan.status["violations"],
                                   scan.status["scanSeconds"])
@@ -196,26 +194,22 @@ class Auditor:
         admitted = self.admissions.get(name)
         return results.with_objects(admitted.values()) if admitted else results
 
-    def _superseded(self, name: str, scan: Scan) -> None:
-        """A scan judged every object admitted before it began: drop those admission results."""
-        kept = {key: value for key, value in self.admissions.get(name, {}).items()
-                if _newest(value[1]) >= scan.began}
-        if kept:
-            self.admissions[name] = kept
+    def _drop_before(self, name: str, oldest: float) -> bool:
+        """Drop a policy's admission results about objects last admitted before ``oldest``; whether any went."""
+        kept = self.admissions.get(name, {})
+        fresh = {key: value for key, value in kept.items() if handoff.newest(value[1]) >= oldest}
+        if len(fresh) == len(kept):
+            return False
+        if fresh:
+            self.admissions[name] = fresh
         else:
-            self.admissions.pop(name, None)
+            del self.admissions[name]
+        return True
 
     def _expire_admissions(self) -> None:
         """In a replica that does not reconcile: forget results a scan has certainly judged since."""
         oldest = time.time() - HANDOFF_INTERVALS * self.settings.audit_interval - TICK
-        for name, kept in list(self.admissions.items()):
-            fresh = {key: value for key, value in kept.items() if _newest(value[1]) >= oldest}
-            if len(fresh) < len(kept):
-                self.admissions_changed = True
-                if fresh:
-                    self.admissions[name] = fresh
-                else:
-                    del self.admissions[name]
+        self.changed |= {name for name in list(self.admissions) if self._drop_before(name, oldest)}
 
     async def _collect(self, policies: Mapping[str, CompiledPolicy]) -> None:
         """Take over what the other replicas judged: on taking over, then every ``HANDOFF_EVERY``
@@ -236,14 +230,14 @@ class Auditor:
                     continue
                 kept = self.admissions.setdefault(policy, {})
                 for key, (ref, admitted) in objects.items():
-                    if scan is not None and _newest(admitted) < scan.began:
+                    if scan is not None and handoff.newest(admitted) < scan.began:
                         continue
                     current = True
                     have = kept.get(key)
                     if (have is None and len(kept) < reports.MAX_RESULTS) or \
-                            (have is not None and _newest(have[1]) < _newest(admitted)):
+                            (have is not None and handoff.newest(have[1]) < handoff.newest(admitted)):
                         kept[key] = ref, admitted
-                        self.admissions_changed = True
+                        self.changed.add(policy)
                 if not kept:
                     del self.admissions[policy]
             if not current:
@@ -307,8 +301,8 @@ class Auditor:
             self.api, "PATCH", resource_path(api.GROUP, api.VERSION, api.PLURAL, name=name) + "/status",
             body={"status": {"audit": dict(audit)}}, content_type="application/merge-patch+json")
         if status != 404 and not 200 <= status <= 299:   # 404: deleted meanwhile
-            message = answer.get("message", "") if isinstance(answer, Mapping) else ""
-            logger.warning("AdmissionPolicy %s: writing status.audit failed: %s %s", name, status, message)
+            logger.warning("AdmissionPolicy %s: writing status.audit failed: %s %s", name, status,
+                           message_of(answer))
 
 
 async def list_objects(api_client: client.ApiClient, settings: OperatorSettings, target: DiscoveredResource,
@@ -334,8 +328,7 @@ async def list_objects(api_client: client.ApiClient, settings: OperatorSettings,
             skip_to, listed = ("", listed) if token else (given, 0)
             continue
         if status != 200 or not isinstance(page, Mapping):
-            message = page.get("message", "") if isinstance(page, Mapping) else ""
-            raise ListingError(f"cannot list {display(target)}: {status} {message}".strip())
+            raise ListingError(f"cannot list {display(target)}: {status} {message_of(page)}".strip())
         items = page.get("items") or []
         # The list's kind names its items' (their own kind is usually left out of a list).
         kind = str(page.get("kind") or "").removesuffix("List") or next(
@@ -366,10 +359,6 @@ async def list_objects(api_client: client.ApiClient, settings: OperatorSettings,
         token = str(meta.get("continue") or "")
         if not token:
             return
-
-
-def _newest(entries: list[reports.Entry]) -> int:
-    return max((entry.seen for entry in entries), default=0)
 
 
 class ListingError(Exception):

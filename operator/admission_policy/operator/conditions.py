@@ -109,12 +109,10 @@ def plugins_condition(gated_off: tuple[str, ...], used: int) -> Condition | None
     return Condition(PLUGINS_ENABLED, "True", "Enabled", f"{used} plugin rule(s), all enabled")
 
 
-def inputs_condition(unsynced: Sequence[str], over_cap: Sequence[str], declared: bool) -> Condition | None:
-    """InputsSynced, from the caches' problems for the policy (``Sources.problems``): sources not in
-    sync, contexts over their maxObjects. None for a policy that reads no params or context.
-    Messages hold no relative times: an unchanged state writes nothing."""
-    if not declared:
-        return None
+def inputs_condition(unsynced: Sequence[str], over_cap: Sequence[str]) -> Condition:
+    """InputsSynced of a policy that reads params or context, from the caches' problems for it
+    (``Sources.problems``): sources not in sync, contexts over their maxObjects. Messages hold no
+    relative times: an unchanged state writes nothing."""
     parts = []
     if unsynced:
         parts.append("; ".join(unsynced) + "; requests that read them get the failurePolicy answer until they are "

@@ -21,7 +21,6 @@ import time
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
-import aiohttp
 import kopf
 from kubernetes_asyncio import client
 
@@ -29,7 +28,7 @@ from .. import api, features, plugins
 from ..engine import CompiledPolicy, Decision, Phase, PolicyCompileError, evaluate
 from . import audit, certificates, conditions, events, metrics, registration, watcher
 from .decisions import DecisionLog
-from .kube import Discovery, leads_peering, new_api_client
+from .kube import Discovery, call_json, leads_peering, message_of, new_api_client, resource_path
 from .settings import OperatorSettings
 from .sources import InputProblems, Sources
 from .store import FINALIZER, PolicyStore, error_text, load_policy
@@ -234,7 +233,7 @@ async def observe(op: Operator, body: Mapping[str, Any], name: str, generation: 
     if declared and observation.registered.status == "True":
         problems = await _wait_inputs(op, spec, INPUTS_GRACE if settle else 0.0)
         observation = dataclasses.replace(observation, inputs=conditions.inputs_condition(
-            problems.unsynced, problems.over_cap, declared))
+            problems.unsynced, problems.over_cap))
     return dataclasses.replace(observation, pod_controllers=coverage, reports_pod_controllers=True, reports_inputs=True,
                                reports_plugins=True, plugins=conditions.plugins_condition(
                                    compiled.gated_off, sum(1 for _ in compiled.plugins())))
@@ -327,8 +326,8 @@ async def _update_inputs(op: Operator) -> None:
             continue   # reconciliation has this generation in hand
         written = conditions.from_status(status, conditions.INPUTS_SYNCED)
         problems = op.sources.problems(spec)
-        now = conditions.inputs_condition(problems.unsynced, problems.over_cap, True)
-        if written is not None and now is not None and (written.status, written.message) == (now.status, now.message):
+        now = conditions.inputs_condition(problems.unsynced, problems.over_cap)
+        if written is not None and (written.status, written.message) == (now.status, now.message):
             continue
         observation = await observe(op, body, spec.name, generation)
         await _write_status(op, spec.name, conditions.status_patch(status, observation, generation, _now()))
@@ -520,16 +519,13 @@ async def _fetch_namespace(op: Operator, name: str, deadline: float) -> tuple[Ma
     deadline is given to it: the rest is the policies'."""
     try:
         async with asyncio.timeout(max(0.0, deadline - time.monotonic()) / 2):
-            response: Any = await client.CoreV1Api(op.api_client).read_namespace(name, _preload_content=False)
-            if response.status == 404:
-                return None, ""
-            if not 200 <= response.status <= 299:   # unread, the client raises on no status
-                return None, f"reading namespace {name} failed: {response.status} {response.reason}"
-            body: Mapping[str, Any] = await response.json()
+            status, body = await call_json(op.api_client, "GET", resource_path("", "v1", "namespaces", name=name))
     except TimeoutError:
         return None, f"namespace {name} could not be read in time"
-    except (client.ApiException, aiohttp.ClientError, ValueError) as exc:
-        return None, f"reading namespace {name} failed: {type(exc).__name__}: {exc}"
+    if status == 404:
+        return None, ""
+    if status != 200 or not isinstance(body, Mapping):
+        return None, f"reading namespace {name} failed: {status} {message_of(body)}".strip()
     op.store.namespaces.setdefault(name, body)
     return body, ""
 

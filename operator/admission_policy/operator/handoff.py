@@ -21,7 +21,7 @@ from typing import Final, TypeAlias
 from kubernetes_asyncio import client
 
 from .. import reports
-from .kube import call_json, resource_path
+from .kube import call_json, message_of, resource_path
 
 logger = logging.getLogger(__name__)
 
@@ -38,21 +38,25 @@ def configmap_name(pod_name: str) -> str:
     return f"admission-results-{pod_name}"[:253].rstrip("-.")
 
 
+def newest(entries: Iterable[reports.Entry]) -> int:
+    """When the newest of an object's results was seen (0 for none)."""
+    return max((entry.seen for entry in entries), default=0)
+
+
 def encode(admissions: Admissions) -> str:
     """The results as JSON, newest objects first, within ``MAX_BYTES``."""
     objects = sorted((entries for kept in admissions.values() for _, entries in kept.values()),
-                     key=lambda entries: -max(entry.seen for entry in entries))
+                     key=newest, reverse=True)
     encoded: list[str] = []
     size = 2
-    for entries in objects:
-        for entry in entries:
-            text = json.dumps({"policy": entry.policy, "rule": entry.rule, "result": entry.result,
-                               "message": entry.message, "enforcement": entry.enforcement, "seen": entry.seen,
-                               "resource": entry.ref.as_dict()}, separators=(",", ":"), sort_keys=True)
-            size += len(text) + 1
-            if size > MAX_BYTES:
-                return "[" + ",".join(encoded) + "]"
-            encoded.append(text)
+    for entry in (entry for entries in objects for entry in entries):
+        text = json.dumps({"policy": entry.policy, "rule": entry.rule, "result": entry.result,
+                           "message": entry.message, "enforcement": entry.enforcement, "seen": entry.seen,
+                           "resource": entry.ref.as_dict()}, separators=(",", ":"), sort_keys=True)
+        size += len(text) + 1
+        if size > MAX_BYTES:
+            break
+        encoded.append(text)
     return "[" + ",".join(encoded) + "]"
 
 
@@ -70,8 +74,7 @@ def decode(text: str) -> list[reports.Entry]:
             continue
         found.append(reports.Entry(
             item["policy"], item["rule"], item["result"], item["message"],
-            reports.ObjectRef(str(ref.get("apiVersion", "")), str(ref.get("kind", "")), str(ref.get("name", "")),
-                              str(ref.get("namespace", "")), str(ref.get("uid", ""))),
+            reports.ObjectRef.read(ref),
             item["enforcement"], item["seen"], reports.ORIGIN_ADMISSION))
     return found
 
@@ -79,8 +82,7 @@ def decode(text: str) -> list[reports.Entry]:
 def by_object(entries: Iterable[reports.Entry]) -> Admissions:
     grouped: Admissions = {}
     for entry in entries:
-        key = entry.ref.kind, entry.ref.namespace, entry.ref.name
-        _, kept = grouped.setdefault(entry.policy, {}).setdefault(key, (entry.ref, []))
+        _, kept = grouped.setdefault(entry.policy, {}).setdefault(entry.ref.key, (entry.ref, []))
         kept.append(entry)
     return grouped
 
@@ -118,9 +120,8 @@ class Handoff:
         if 200 <= status <= 299:
             self.published = text
             return True
-        message = answer.get("message", "") if isinstance(answer, Mapping) else ""
         logger.warning("Handing admission results over (ConfigMap %s/%s) failed: %s %s", self.namespace,
-                       self.name, status, message)
+                       self.name, status, message_of(answer))
         return False
 
     async def collect(self) -> dict[str, list[reports.Entry]] | None:
@@ -128,8 +129,8 @@ class Handoff:
         status, listing = await call_json(self.api, "GET", self._path(),
                                           query=[("labelSelector", f"{HANDOFF_LABEL}=true")])
         if status != 200 or not isinstance(listing, Mapping):
-            message = listing.get("message", "") if isinstance(listing, Mapping) else ""
-            logger.warning("Reading the admission results of the other replicas failed: %s %s", status, message)
+            logger.warning("Reading the admission results of the other replicas failed: %s %s", status,
+                           message_of(listing))
             return None
         found: dict[str, list[reports.Entry]] = {}
         for item in listing.get("items") or ():
@@ -143,7 +144,6 @@ class Handoff:
         if name == self.name:
             self.published = ""
         if status not in (200, 202, 404):
-            message = answer.get("message", "") if isinstance(answer, Mapping) else ""
             logger.warning("Deleting the admission results %s/%s failed: %s %s", self.namespace, name, status,
-                           message)
+                           message_of(answer))
 

@@ -6,6 +6,7 @@ import datetime
 import json
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -18,6 +19,7 @@ logger = logging.getLogger(__name__)
 # Seconds an API call of the operator's own (not a watch) may take: without a limit the client
 # waits on a half-open connection for ever, and the audit, the reports or discovery with it.
 CALL_TIMEOUT = 60.0
+NO_ANSWER = "no answer from the API server within {:g} s"
 
 
 async def new_api_client(kubeconfig: str | None = None) -> client.ApiClient:
@@ -120,13 +122,15 @@ class Discovery:
         return tuple(sorted(found, key=lambda r: (r.group, r.resource)))
 
     async def _get(self, path: str) -> dict[str, Any]:
+        # The typed call, not call_json: a failure keeps the API server's reason ("503 Service Unavailable").
         try:
             response = await self._api.call_api(path, "GET", header_params={"Accept": "application/json"},
                                                 response_types_map={200: "object"}, auth_settings=["BearerToken"],
                                                 _return_http_data_only=True,
                                                 _request_timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT))
         except TimeoutError:
-            raise client.ApiException(status=504, reason=f"discovery of {path}: {_no_answer()}") from None
+            raise client.ApiException(status=504, reason=f"discovery of {path}: {NO_ANSWER.format(CALL_TIMEOUT)}") \
+                from None
         return dict(response or {})
 
 
@@ -163,7 +167,7 @@ async def call_json(api: client.ApiClient, method: str, path: str, *, query: lis
             finally:
                 response.release()
     except TimeoutError:
-        return 504, {"message": _no_answer()}
+        return 504, {"message": NO_ANSWER.format(CALL_TIMEOUT)}
     except aiohttp.ClientError as exc:
         return 503, {"message": f"cannot reach the API server: {exc}"}
     try:
@@ -173,8 +177,9 @@ async def call_json(api: client.ApiClient, method: str, path: str, *, query: lis
     return int(response.status), decoded
 
 
-def _no_answer() -> str:
-    return f"no answer from the API server within {CALL_TIMEOUT:g} s"
+def message_of(answer: Any) -> str:
+    """A failed call's Status message ("" when the answer has none)."""
+    return str(answer.get("message", "")) if isinstance(answer, Mapping) else ""
 
 
 def resource_path(group: str, version: str, resource: str, namespace: str = "", name: str = "") -> str:

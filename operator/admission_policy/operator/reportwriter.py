@@ -17,7 +17,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from .. import reports
-from .kube import call_json, resource_path
+from .kube import call_json, message_of, resource_path
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ class ReportBook:
         self.failed: set[str] = set()   # written again after the next scan, not every round (a namespace being deleted)
         self.written: dict[str, Mapping[str, Any]] | None = None   # namespace → content; None: not read yet
         self._read_again = 0.0
+        self._first_seen: dict[str, dict[tuple[str, str, str, str, str], int]] = {}   # see seen()
 
     def put(self, policy: str, results: reports.Results) -> None:
         old = self.results.get(policy)
@@ -40,13 +41,10 @@ class ReportBook:
         self.results[policy] = results
 
     def drop(self, policy: str) -> None:
+        self._first_seen.pop(policy, None)
         old = self.results.pop(policy, None)
         if old is not None:
             self.dirty |= old.namespaces
-
-    def forget_cluster(self) -> None:
-        """Another replica reconciles now, or the CRDs went away: read the cluster again before writing."""
-        self.written = None
 
     def desired(self, namespace: str) -> dict[str, Any] | None:
         """The report this namespace should hold, or None when no policy has a result there."""
@@ -62,9 +60,9 @@ class ReportBook:
 
     def seen(self, policy: str) -> dict[tuple[str, str, str, str, str], int]:
         """When the reports read from the cluster first saw each of a policy's results: a restarted
-        operator's first scan keeps them, so it rewrites nothing that did not change."""
-        return {key: seen for content in (self.written or {}).values()
-                for key, seen in reports.seen_in(content, policy).items()}
+        operator's first scan keeps them, so it rewrites nothing that did not change. Asked once per
+        policy (its first scan): the answer is not kept."""
+        return self._first_seen.pop(policy, {})
 
     async def load(self, installed: bool) -> bool:
         """Read the reports the cluster holds, unless done already; False while they cannot be read."""
@@ -76,6 +74,10 @@ class ReportBook:
                 return False
             try:
                 self.written = await self._read_cluster()
+                self._first_seen = {}   # read once here, not per policy scanned
+                for content in self.written.values():
+                    for policy, seen in reports.first_seen(content).items():
+                        self._first_seen.setdefault(policy, {}).update(seen)
             except client.ApiException as exc:   # RBAC, say: said once a minute, not every round
                 self._read_again = time.monotonic() + READ_BACKOFF
                 logger.warning("Reading the audit reports failed (trying again in %.0f s): %s", READ_BACKOFF,
@@ -143,8 +145,7 @@ class ReportBook:
 
 def _check(status: int, answer: Any, what: str) -> None:
     if not 200 <= status <= 299:
-        message = answer.get("message", "") if isinstance(answer, Mapping) else ""
-        raise client.ApiException(status=status, reason=f"{what}: {status} {message}".strip())
+        raise client.ApiException(status=status, reason=f"{what}: {status} {message_of(answer)}".strip())
 
 
 def _where(namespace: str) -> str:

@@ -78,7 +78,8 @@ CONNECT_SECONDS = 30
 
 
 def read_timeout() -> aiohttp.ClientTimeout:
-    """Every list and watch request's: silent for longer than this, the connection has stalled."""
+    """Every list and watch request's: silent for longer than this, the connection has stalled.
+    (A function, not a constant: tests shorten the stall margin.)"""
     return aiohttp.ClientTimeout(sock_connect=CONNECT_SECONDS, sock_read=WATCH_SECONDS + STALL_MARGIN)
 
 
