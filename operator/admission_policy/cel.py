@@ -20,7 +20,7 @@ from typing import Any, Final, Literal
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 
-from . import celast, celcost, quantity
+from . import celast, celcost, cellib, quantity
 from .api import Expression
 
 VARIABLES: Final = ("object", "oldObject", "request", "namespaceObject", "params", "context", "variables")
@@ -117,6 +117,7 @@ def _kubernetes_library() -> cel.CelExtension:
         _overload("asApproximateFloat", d, [d], lambda a: a, member=True),
         _overload("asInteger", i, [d], _as_integer, member=True),
         _overload("sum", cel.Type.DYN, [cel.Type.List(cel.Type.DYN)], _sum, member=True),
+        *(declaration for library in cellib.libraries() for declaration in library.functions),
     ])
 
 
@@ -141,7 +142,8 @@ def _environment(tier: int, runtime: bool = False) -> cel.Env:
     if tier >= 2:
         extensions.append(_kubernetes_library())
     config = cel.NewEnvConfigFromYaml("extensions:\n  - name: lists\n") if runtime else None
-    return cel.NewEnv(config=config, variables={name: cel.Type.DYN for name in VARIABLES}, extensions=extensions)
+    return cel.NewEnv(descriptor_pool=cellib.pool(), config=config, variables={name: cel.Type.DYN for name in VARIABLES},
+                      extensions=extensions)
 
 
 def _build(source: str, tier: int) -> tuple[Any, celast.Checked]:
@@ -204,7 +206,7 @@ class CompiledExpression:
                 self.program = _build(self.expression.source, self.tier)[0]
             result = self.program.eval(activation)
             failed = result.type() == cel.Type.ERROR
-            value = str(result.value()) if failed else result.plain_value()
+            value = str(result.value()) if failed else cellib.to_plain(result.plain_value())
         except MemoryError:
             problem = "ran out of memory (the expression builds too much)"
         except Exception as exc:   # RuntimeError from the C++ core, and anything else: never escapes

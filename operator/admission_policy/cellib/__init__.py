@@ -1,0 +1,23 @@
+"""Kubernetes' own CEL libraries, as the ValidatingAdmissionPolicy environment has them.
+
+One module per library, each exporting ``LIBRARY`` (``library.Library``); opaque types
+(``net.IP``, ``kubernetes.Quantity`` …) are protobuf messages declared in ``types``. The
+``cel`` module adds every library here to the environment policies are checked in, so a new
+library is one module and one name in ``_MODULES``.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Final
+
+from .library import Library, function, overload
+from .types import opaque, pool, to_plain
+
+_MODULES: Final = ("net", "urls", "regex", "semver", "formats", "quantity", "lists", "authz")
+
+
+def libraries() -> tuple[Library, ...]:
+    return tuple(importlib.import_module(f"{__name__}.{module}").LIBRARY for module in _MODULES)
+
+
+__all__ = ["Library", "function", "libraries", "opaque", "overload", "pool", "to_plain"]

@@ -1,0 +1,6 @@
+"""Placeholder: being written."""
+from __future__ import annotations
+
+from .library import Library
+
+LIBRARY = Library("lists", "ours")

@@ -1,0 +1,92 @@
+"""Kubernetes' opaque CEL types (``net.IP``, ``kubernetes.Quantity``, …) as protobuf messages.
+
+cel-expr-python cannot hand a Python object to CEL as a value of an abstract type ("Unimplemented
+type"), but it passes protocol-buffer messages both ways. So each opaque type of Kubernetes' CEL
+libraries is a message of the same full name, declared here at run time (no .proto file to
+compile), holding one string: the value's canonical text. That gives what Kubernetes gives:
+``type(ip('10.0.0.1'))`` is ``net.IP``; ``==`` and ``in`` compare values (the canonical text is
+equal exactly when Kubernetes' ``Equal`` says so); and overloads are chosen by type at check time.
+
+The field is an implementation detail (``ip(x).state`` reads it); the docs do not offer it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Final
+
+from cel_expr_python import cel
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+# Full name → what the value's canonical text is (for the reader of this module).
+NAMES: Final = {
+    "net.IP": "the address as Go's netip.Addr.String() writes it",
+    "net.CIDR": "the prefix as written, address and length (netip.Prefix.String())",
+    "kubernetes.URL": "the URL as given",
+    "kubernetes.Quantity": "the exact value, normalised (equal quantities, equal text)",
+    "kubernetes.Semver": "the version as parsed, normalised",
+    "kubernetes.NamedFormat": "the format's name",
+    "kubernetes.authorization.Authorizer": "the request's identity (JSON)",
+    "kubernetes.authorization.PathCheck": "the check's attributes (JSON)",
+    "kubernetes.authorization.GroupCheck": "the check's attributes (JSON)",
+    "kubernetes.authorization.ResourceCheck": "the check's attributes (JSON)",
+    "kubernetes.authorization.Decision": "the decision (JSON)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Opaque:
+    """One opaque type: its CEL type, and how to build and read a value of it."""
+    name: str
+    type: cel.Type
+    message: Any   # the generated message class
+
+    def of(self, state: str) -> Any:
+        """A CEL value of this type whose canonical text is ``state``."""
+        return self.message(state=state)
+
+    def is_value(self, value: Any) -> bool:
+        return isinstance(value, self.message)
+
+    @staticmethod
+    def state(value: Any) -> str:
+        return str(value.state)
+
+
+@functools.cache
+def pool() -> descriptor_pool.DescriptorPool:
+    """The descriptor pool every environment is created with (one per process)."""
+    result = descriptor_pool.DescriptorPool()
+    by_package: dict[str, list[str]] = {}
+    for full in NAMES:
+        package, _, name = full.rpartition(".")
+        by_package.setdefault(package, []).append(name)
+    for package, names in by_package.items():
+        file = descriptor_pb2.FileDescriptorProto(
+            name=f"admission_policy/{package.replace('.', '/')}.proto", package=package, syntax="proto3")
+        for name in names:
+            message = file.message_type.add(name=name)
+            message.field.add(name="state", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+                              label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+        result.Add(file)
+    return result
+
+
+@functools.cache
+def opaque(name: str) -> Opaque:
+    """The opaque type of that full name (one of ``NAMES``)."""
+    if name not in NAMES:
+        raise KeyError(f"{name} is not one of Kubernetes' CEL types declared here")
+    message = message_factory.GetMessageClass(pool().FindMessageTypeByName(name))
+    return Opaque(name, cel.Type(name), message)
+
+
+def to_plain(value: Any) -> Any:
+    """A CEL result with every opaque value replaced by its canonical text (JSON can carry it)."""
+    if isinstance(value, list):
+        return [to_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {to_plain(key): to_plain(item) for key, item in value.items()}
+    if hasattr(value, "DESCRIPTOR") and value.DESCRIPTOR.full_name in NAMES:
+        return str(value.state)
+    return value
