@@ -6,8 +6,12 @@ budget) as exceptions; both, and any other exception (``MemoryError`` included),
 
 A program is compiled (parsed and type-checked) as written, then its ``map``/``filter``
 accumulations are rewritten to cost linear time and memory (``celast.linearize``), and its cost
-is estimated (``celcost``): an expression over ``EXPRESSION_BUDGET`` on a request of
-``REFERENCE`` sizes is refused at compile time, so at ``kubectl apply``.
+is estimated (``celcost``). Kubernetes refuses no ValidatingAdmissionPolicy for its estimated
+cost, so neither is one refused here for what it would cost on a large object; only an
+expression that is unbounded by construction is: one whose estimate on an object of one
+character already exceeds Kubernetes' per-call limit (a value doubled at each of many steps),
+which Kubernetes would stop on every request. Large requests are the engine's concern at run
+time (``engine.evaluation``, ``celfork``).
 """
 from __future__ import annotations
 
@@ -26,13 +30,12 @@ from .api import Expression
 VARIABLES: Final = ("object", "oldObject", "request", "namespaceObject", "params", "context", "variables")
 ResultKind = Literal["bool", "string", "any"]
 
-# Compile-time cost check: every expression's estimate (``celcost``, about Kubernetes' cost units)
-# for a request whose objects are up to 16 KiB with up to 256 items in a list or map (a large Pod,
-# say) must stay within EXPRESSION_BUDGET, about a tenth of a second of the slowest operations.
-REFERENCE: Final = celcost.Sizes(size=16_384, items=256)
-EXPRESSION_BUDGET: Final = 10_000_000
-# Runtime: all of a policy's expressions together, for the request at hand (checked before the
-# policy runs, when the request is larger than REFERENCE; see engine/evaluation.py).
+# Compile time: the estimate (``celcost``, about Kubernetes' cost units) on an object of one
+# character, one item per list, against Kubernetes' per-call cost limit (celconfig.PerCallLimit).
+UNIT: Final = celcost.Sizes(size=1, items=1)
+PER_CALL_LIMIT: Final = 1_000_000
+# Run time: all of a policy's expressions together, estimated for the request at hand before the
+# policy runs; over it, the policy runs apart, bounded in memory and time (engine/evaluation.py).
 POLICY_BUDGET: Final = 50_000_000
 # The parser's nesting limit (cel-cpp's default): parentheses, calls, operators in a chain.
 PARSER_DEPTH: Final = 32
@@ -142,8 +145,8 @@ def _environment(tier: int, runtime: bool = False) -> cel.Env:
     if tier >= 2:
         extensions.append(_kubernetes_library())
     config = cel.NewEnvConfigFromYaml("extensions:\n  - name: lists\n") if runtime else None
-    return cel.NewEnv(descriptor_pool=cellib.pool(), config=config, variables={name: cel.Type.DYN for name in VARIABLES},
-                      extensions=extensions)
+    return cel.NewEnv(descriptor_pool=cellib.pool(), config=config,
+                      variables={name: cel.Type.DYN for name in VARIABLES}, extensions=extensions)
 
 
 def _build(source: str, tier: int) -> tuple[Any, celast.Checked]:
@@ -158,7 +161,7 @@ def _build(source: str, tier: int) -> tuple[Any, celast.Checked]:
 
 @functools.lru_cache(maxsize=256)
 def _tree(source: str, tier: int) -> celast.Checked:
-    """The checked tree of an expression, for the estimates of requests larger than REFERENCE
+    """The checked tree of an expression, for the estimates of large requests
     (rebuilt rather than held: a thousand policies' trees would take tens of MB)."""
     return celast.Checked.decode(_environment(tier).compile(source).serialize())
 
@@ -176,7 +179,7 @@ class CompiledExpression:
     kind: ResultKind
     variables: frozenset[str] | None  # None: reads the whole ``variables`` map
     tier: int = 0                     # the environment it compiles in
-    cost: float = 0.0                 # estimated for a request of REFERENCE sizes
+    cost: float = 0.0                 # estimated for a request of UNIT sizes
     result: celcost.Value = celcost.SCALAR   # what it returns, estimated likewise
 
     @property
@@ -233,12 +236,12 @@ _EXPECTED_TYPES: Final[Mapping[ResultKind, tuple[cel.Type, ...]]] = {
 def compile_expression(expression: Expression, kind: ResultKind = "any", *,
                        variables: Mapping[str, celcost.Value] | None = None,
                        context: Mapping[str, int] | None = None,
-                       budget: float = EXPRESSION_BUDGET) -> CompiledExpression:
+                       limit: float = PER_CALL_LIMIT) -> CompiledExpression:
     """Parse and type-check once; errors name the field path and the column.
 
     ``variables``: the estimated results of the policy variables it may read (see ``celcost``);
     ``context``: the declared maxObjects of each ``context.<name>`` it may read;
-    an expression whose estimated cost for a request of REFERENCE sizes is over ``budget`` is
+    an expression whose estimated cost for a request of UNIT sizes is over ``limit`` is
     refused like one that does not compile.
     """
     if not expression.source.isascii():
@@ -261,18 +264,18 @@ def compile_expression(expression: Expression, kind: ResultKind = "any", *,
         returned = program.return_type()
         if not any(returned == allowed for allowed in _EXPECTED_TYPES[kind]):
             raise CelCompileError(expression.path, f"must evaluate to a {kind}, but its type is {returned}")
-    cost, result = celcost.estimate(tree, REFERENCE, variables, context)
-    if cost > budget:
-        raise CelCompileError(expression.path, over_budget(cost, budget))
+    cost, result = celcost.estimate(tree, UNIT, variables, context)
+    if cost > limit:
+        raise CelCompileError(expression.path, unbounded(cost, limit))
     return CompiledExpression(expression, program, kind, referenced_variables(expression.source), tier,
                               cost, result)
 
 
-def over_budget(cost: float, budget: float) -> str:
-    return (f"estimated cost {_amount(cost)} exceeds the budget of {_amount(budget)} per expression (for a "
-            f"request of {REFERENCE.size // 1024} KiB with {REFERENCE.items:.0f} items per list: see "
-            "'Writing policies' in the README); an expression that grows a value at each step, or loops "
-            "inside loops, costs too much")
+def unbounded(cost: float, limit: float) -> str:
+    return (f"is unbounded by construction: its estimated cost is {_amount(cost)} even on an object of one "
+            f"character, over Kubernetes' limit of {_amount(limit)} per expression, so Kubernetes would stop "
+            "every evaluation of it; a value that grows at each step (a string or list doubled through "
+            "cel.bind or spec.variables, say) does that (see 'Writing policies' in the README)")
 
 
 def _amount(cost: float) -> str:

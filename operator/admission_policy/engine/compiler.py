@@ -9,14 +9,7 @@ from typing import Any
 
 from .. import api, celcost, features
 from .. import plugins as plugin_api
-from ..cel import (
-    POLICY_BUDGET,
-    REFERENCE,
-    CelCompileError,
-    CompiledExpression,
-    compile_expression,
-    referenced_variables,
-)
+from ..cel import CelCompileError, CompiledExpression, compile_expression, referenced_variables
 from . import podcontrollers
 
 
@@ -207,12 +200,6 @@ def compile_policy(policy: api.AdmissionPolicy, *, registry: plugin_api.Registry
             for spec, condition, ops, plugin in mutations
         ),
     )
-    total = sum(expression.cost for expression in compiled.expressions())
-    if total > POLICY_BUDGET:
-        raise PolicyCompileError(policy.name, [CelCompileError("spec", (
-            f"the expressions together have an estimated cost of {total:,.0f}, over the budget of "
-            f"{POLICY_BUDGET:,} per policy (for a request of {REFERENCE.size // 1024} KiB with "
-            f"{REFERENCE.items:.0f} items per list: see 'Writing policies' in the README)"))])
     _release_cold_programs(compiled)
     return _with_pod_controllers(compiled)
 
@@ -467,7 +454,7 @@ def _validation_batch(policy: api.AdmissionPolicy) -> CompiledExpression | None:
     # (a failure's message is then a program of its own).
     for items in ([item(check, message) for check, message in pairs], [scoped(check) for check, _ in pairs]):
         try:   # its parts are within their budgets; the whole is their sum
-            batch = compile_expression(api.Expression(program(items), "spec.validations"), budget=math.inf)
+            batch = compile_expression(api.Expression(program(items), "spec.validations"), limit=math.inf)
         except CelCompileError:
             continue
         return dataclasses.replace(batch, variables=frozenset())   # it binds its own variables

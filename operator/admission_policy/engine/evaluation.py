@@ -4,10 +4,11 @@ The API server calls mutating webhooks first and validating ones on the final ob
 ``Phase.ALL`` (the CLI) runs every mutation of every matching policy, in name order, and then
 every validation; the webhook handlers run one phase each.
 
-Before a policy runs, the request must fit it: objects CEL can read (``MAX_DEPTH``), a cost
-within ``POLICY_BUDGET`` for requests larger than the compile-time reference (``celcost``), and
-the caller's deadline not passed (also checked before each expression). Otherwise the policy's
-failurePolicy decides, with a message that says which limit it was.
+Before a policy runs, the request must fit it: objects CEL can read (``MAX_DEPTH``), and the
+caller's deadline not passed (also checked before each expression); otherwise the policy's
+failurePolicy decides, with a message that says which limit it was. Its size never refuses a
+request: a policy whose estimated cost on it is over ``POLICY_BUDGET`` (``celcost``) runs apart,
+in a child process bounded in memory and by the deadline (``celfork``), and is judged for real.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final, TypeVar
 
-from .. import celcost
+from .. import celcost, celfork
 from ..api import REASON_CODES, LabelSelector, non_finite
 from ..cel import POLICY_BUDGET, CelEvaluationError, CompiledExpression, new_activation
 from . import plugincalls
@@ -35,6 +36,8 @@ from .request import AdmissionRequest
 # overflows the thread's stack (8 MB) and kills the process. The API server accepts custom
 # resources up to 10,000 levels deep, so deeper than this a policy cannot read the object.
 MAX_DEPTH: Final = 2_000
+# How long an expression run apart (``celfork``) may take when the caller set no deadline (the CLI).
+UNBOUNDED_SECONDS: Final = 60.0
 
 _Answer = TypeVar("_Answer")
 
@@ -237,26 +240,29 @@ class _Run:
         if policy.policy.failure_policy == "Fail":
             record.fatal = True
 
+    def time_left(self) -> float:
+        """Seconds before the deadline; without one, what the webhook gives a request by default."""
+        return self.deadline - self.clock() if self.deadline is not None else UNBOUNDED_SECONDS
+
     def check_deadline(self, before: str) -> None:
         if self.deadline is not None and self.clock() > self.deadline:
             raise _Abort(f"evaluation deadline exceeded before {before} ({self.clock() - self.started:.2f} s "
                          "spent on this request; answering now, within the webhook timeout)")
 
-    def admit(self, policy: CompiledPolicy) -> None:
-        """Raise _Abort unless this policy may run on this request (see the module doc)."""
+    def admit(self, policy: CompiledPolicy) -> bool:
+        """Whether this policy runs apart on this request (``celfork``): when its estimated cost
+        here is over POLICY_BUDGET. Never a refusal: the estimate is an upper bound, often far
+        above what the evaluation really costs, and a legal object must be judged. _Abort only
+        past the deadline or for an object CEL cannot read (see the module doc)."""
         self.check_deadline("the policy ran")
         upper = self.sizes(exact=False)
         if isinstance(upper, str):
             raise _Abort(upper)
         if policy.cost(upper) <= POLICY_BUDGET:
-            return
+            return False
         exact = self.sizes(exact=True)
         assert not isinstance(exact, str)
-        cost = policy.cost(exact)
-        if cost > POLICY_BUDGET:
-            raise _Abort(f"the request is too large for this policy: its estimated cost on objects of "
-                         f"{exact.size:,.0f} characters with up to {exact.items:,.0f} items in a list or map is "
-                         f"{cost:,.0f}, over the budget of {POLICY_BUDGET:,} (see 'Writing policies' in the README)")
+        return policy.cost(exact) > POLICY_BUDGET and celfork.AVAILABLE
 
     def sizes(self, exact: bool) -> celcost.Sizes | str:
         """Bounds of what the policies read: the largest bound object's size and, with ``exact``,
@@ -328,8 +334,7 @@ class _Run:
             return  # DELETE: nothing to mutate, and the API server ignores patches there
         if not self.selected(policy):
             return
-        self.admit(policy)
-        scope = self.scope(policy)
+        scope = _Scope(self, policy, apart=self.admit(policy))
         if not self.conditions_hold(policy, scope):
             return
         record = self.record(policy)
@@ -347,7 +352,7 @@ class _Run:
                 self.activations.clear()
                 self._bounds.clear()
                 record.mutated = True
-                scope = self.scope(policy)
+                scope = _Scope(self, policy, apart=scope.apart)
 
     def _apply(self, mutation: CompiledMutation, scope: _Scope, policy: CompiledPolicy) -> Any:
         """The object after this mutation, or None when it does not apply or changes nothing."""
@@ -446,8 +451,7 @@ class _Run:
     def validate(self, policy: CompiledPolicy) -> None:
         if not self.selected(policy):
             return
-        self.admit(policy)
-        scope = self.scope(policy)
+        scope = _Scope(self, policy, apart=self.admit(policy))
         if policy.validation_batch is not None:
             try:
                 results = scope.evaluate(policy.validation_batch)
@@ -500,9 +504,6 @@ class _Run:
             source = validation.check.expression.source.strip() if validation.check is not None else validation.path
             text = validation.spec.message or f"failed expression: {source}"
         record.failed(validation.path, text)
-
-    def scope(self, policy: CompiledPolicy) -> _Scope:
-        return _Scope(self, policy)
 
     def bindings(self, policy: CompiledPolicy) -> dict[str, Any]:
         """The values a policy's expressions see (``variables`` apart); for a policy derived for
@@ -600,9 +601,10 @@ class _Scope:
     """One policy's bindings for one state of the object, with its variables computed lazily:
     an expression evaluates only the variables it reads, each at most once."""
 
-    def __init__(self, run: _Run, policy: CompiledPolicy) -> None:
+    def __init__(self, run: _Run, policy: CompiledPolicy, apart: bool = False) -> None:
         self.run = run
         self.policy = policy
+        self.apart = apart   # each expression runs in a child process (``celfork``)
         self.values: dict[str, Any] = {}
         self.failed: dict[str, tuple[str, str]] = {}   # (path, message): no exception, see _variable
         self.activation: Any = None   # with ``values`` as ``variables``
@@ -616,10 +618,14 @@ class _Scope:
                     self._variable(name)
         self.run.evaluations += 1
         if not names:
-            return expression.evaluate(self.run.activation(self.policy))
-        if self.activation is None:
-            self.activation = new_activation({**self.run.bindings(self.policy), "variables": dict(self.values)})
-        return expression.evaluate(self.activation)
+            activation = self.run.activation(self.policy)
+        else:
+            if self.activation is None:
+                self.activation = new_activation({**self.run.bindings(self.policy), "variables": dict(self.values)})
+            activation = self.activation
+        if self.apart:
+            return celfork.evaluate(expression, activation, self.run.time_left())
+        return expression.evaluate(activation)
 
     def _variable(self, name: str) -> None:
         if name in self.values:
