@@ -24,10 +24,16 @@ from typing import Any, Final, Literal
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 
-from . import celast, celcost, cellib, quantity
+from . import celast, celcost, cellib
 from .api import Expression
+from .cellib import rewrite
 
-VARIABLES: Final = ("object", "oldObject", "request", "namespaceObject", "params", "context", "variables")
+VARIABLES: Final = ("object", "oldObject", "request", "namespaceObject", "params", "context", "variables",
+                    "authorizer", "authorizer.requestResource")
+# Declared with their types, as Kubernetes does, so that authorizer.group(…)…check(…) resolves when
+# checked (and .allowed() is a bool); the others are dyn.
+_VARIABLE_TYPES: Final = {"authorizer": cellib.opaque("kubernetes.authorization.Authorizer").type,
+                          "authorizer.requestResource": cellib.opaque("kubernetes.authorization.ResourceCheck").type}
 ResultKind = Literal["bool", "string", "any"]
 
 # Compile time: the estimate (``celcost``, about Kubernetes' cost units) on an object of one
@@ -67,27 +73,6 @@ class CelEvaluationError(Exception):
         self.message = message
 
 
-def _quantity(text: str) -> float:
-    try:
-        return float(quantity.parse_quantity(text))
-    except quantity.QuantityError as exc:
-        raise ValueError(str(exc)) from None
-
-
-def _format_quantity(value: float) -> str:
-    return quantity.format_quantity(value)
-
-
-def _compare(a: float, b: float) -> int:
-    return (a > b) - (a < b)
-
-
-def _as_integer(value: float) -> int:
-    if value != int(value):
-        raise ValueError(f"quantity {value} is not an integer")
-    return int(value)
-
-
 def _sum(items: Any) -> int | float:
     """Kubernetes' ``list.sum()`` over numbers: an int for ints, else a double (quantities are)."""
     values = list(items)
@@ -105,22 +90,10 @@ def _overload(name: str, result: cel.Type, params: list[cel.Type], impl: Any, me
 
 
 def _kubernetes_library() -> cel.CelExtension:
-    """Kubernetes' quantity helpers, with quantities as doubles (see ``quantity``), and its lists
-    library's ``sum()``: totals over a context list (replicas x requests) have no other spelling."""
-    d, s, b, i = cel.Type.DOUBLE, cel.Type.STRING, cel.Type.BOOL, cel.Type.INT
+    """Kubernetes' lists library's ``sum()``: totals over a context list (replicas x requests)
+    have no other spelling."""
     return cel.CelExtension("kubernetes", [
-        _overload("quantity", d, [s], _quantity),
-        _overload("isQuantity", b, [s], quantity.is_quantity),
-        _overload("formatQuantity", s, [d], _format_quantity),
-        _overload("isGreaterThan", b, [d, d], lambda a, c: a > c, member=True),
-        _overload("isLessThan", b, [d, d], lambda a, c: a < c, member=True),
-        _overload("compareTo", i, [d, d], _compare, member=True),
-        _overload("add", d, [d, d], lambda a, c: a + c, member=True),
-        _overload("sub", d, [d, d], lambda a, c: a - c, member=True),
-        _overload("asApproximateFloat", d, [d], lambda a: a, member=True),
-        _overload("asInteger", i, [d], _as_integer, member=True),
         _overload("sum", cel.Type.DYN, [cel.Type.List(cel.Type.DYN)], _sum, member=True),
-        *(declaration for library in cellib.libraries() for declaration in library.functions),
     ])
 
 
@@ -142,11 +115,15 @@ def _environment(tier: int, runtime: bool = False) -> cel.Env:
     if tier >= 1:
         from cel_expr_python.ext import ext_encoders, ext_math
         extensions += [ext_encoders.ExtEncoders(), ext_math.ExtMath()]
+    functions: list[cellib.Function] = []
     if tier >= 2:
-        extensions.append(_kubernetes_library())
+        functions = cellib.functions()
+        extensions += [_kubernetes_library(), cellib.extension(functions)]
     config = cel.NewEnvConfigFromYaml("extensions:\n  - name: lists\n") if runtime else None
     return cel.NewEnv(descriptor_pool=cellib.pool(), config=config,
-                      variables={name: cel.Type.DYN for name in VARIABLES}, extensions=extensions)
+                      variables={name: _VARIABLE_TYPES.get(name, cel.Type.DYN) for name in VARIABLES},
+                      extensions=extensions, functions=cellib.declarations(functions),
+                      function_impls=cellib.implementations(functions))
 
 
 def _build(source: str, tier: int) -> tuple[Any, celast.Checked]:
@@ -154,7 +131,8 @@ def _build(source: str, tier: int) -> tuple[Any, celast.Checked]:
     checked_program = _environment(tier).compile(source)
     serialized = checked_program.serialize()
     tree, linear = celast.Checked.decode(serialized), celast.Checked.decode(serialized)
-    if not (celast.inline_bound_maps(linear) | celast.linearize(linear)):
+    # The rewrite of optional results first: linearize copies nodes under ids the checker never saw.
+    if not (rewrite.optional_results(linear) | celast.inline_bound_maps(linear) | celast.linearize(linear)):
         return checked_program, tree
     return _environment(tier, runtime=True).deserialize(linear.encode()), tree
 

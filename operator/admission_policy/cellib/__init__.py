@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Final
 
-from .library import Library, function, overload
+from .library import Function, Library, Overload, declarations, extension, function, implementations, overload
 from .types import opaque, pool, to_plain
 
 _MODULES: Final = ("net", "urls", "regex", "semver", "formats", "quantity", "lists", "authz")
@@ -20,4 +20,9 @@ def libraries() -> tuple[Library, ...]:
     return tuple(importlib.import_module(f"{__name__}.{module}").LIBRARY for module in _MODULES)
 
 
-__all__ = ["Library", "function", "libraries", "opaque", "overload", "pool", "to_plain"]
+def functions() -> list[Function]:
+    return [declared for library in libraries() for declared in library.functions]
+
+
+__all__ = ["Function", "Library", "Overload", "declarations", "extension", "function", "functions", "implementations",
+           "libraries", "opaque", "overload", "pool", "to_plain"]
