@@ -26,7 +26,7 @@ from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 
 from . import celast, celcost, cellib
 from .api import Expression
-from .cellib import rewrite
+from .cellib import regex, rewrite
 
 VARIABLES: Final = ("object", "oldObject", "request", "namespaceObject", "params", "context", "variables",
                     "authorizer", "authorizer.requestResource")
@@ -242,6 +242,8 @@ def compile_expression(expression: Expression, kind: ResultKind = "any", *,
         returned = program.return_type()
         if not any(returned == allowed for allowed in _EXPECTED_TYPES[kind]):
             raise CelCompileError(expression.path, f"must evaluate to a {kind}, but its type is {returned}")
+    for problem in regex.constant_pattern_errors(tree):   # Kubernetes refuses these when it builds the program
+        raise CelCompileError(expression.path, problem)
     cost, result = celcost.estimate(tree, UNIT, variables, context)
     if cost > limit:
         raise CelCompileError(expression.path, unbounded(cost, limit))

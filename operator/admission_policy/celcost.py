@@ -353,7 +353,7 @@ _FUNCTIONS: Final[Mapping[str, _Rule]] = {
                                        "or", "_?._")},
     **{name: _scalar(_PYTHON_CALL) for name in (
         "quantity", "isQuantity", "formatQuantity", "isGreaterThan", "isLessThan", "compareTo", "add", "sub",
-        "asApproximateFloat", "asInteger")},
+        "asApproximateFloat", "asInteger", "isInteger", "sign")},
     "_+_": _add,
     "@in": _contains,
     "_in_": _contains,

@@ -211,6 +211,8 @@ def test_operator_cluster_role_is_exactly_what_the_operator_uses(chart: helm.Cha
         allow("admissionregistration.k8s.io", kind, "get list watch update", config)
     allow("kopf.dev", "clusterkopfpeerings", "list watch")
     allow("kopf.dev", "clusterkopfpeerings", "patch", peering)
+    # Policies' authorizer checks: a SubjectAccessReview each (operator/authorizer.py).
+    allow("authorization.k8s.io", "subjectaccessreviews", "create")
     # The background audit: list what policies match (audit.listResources), write its reports.
     for group, resources in AUDIT_LISTED.items():
         for resource in resources.split():

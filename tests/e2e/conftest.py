@@ -36,7 +36,7 @@ from e2e_kube import (
     eventually,
     unique,
 )
-from envtest import ControlPlane, ControlPlaneError
+from envtest import VALIDATING_ADMISSION_POLICY_ARGS, ControlPlane, ControlPlaneError
 from traffic import REPORTED
 
 E2E_DIR = pathlib.Path(__file__).resolve().parent
@@ -55,7 +55,7 @@ def control_plane() -> Iterator[ControlPlane | None]:
         yield None
         return
     try:
-        plane = ControlPlane(source.assets)
+        plane = ControlPlane(source.assets, apiserver_args=VALIDATING_ADMISSION_POLICY_ARGS)
         plane.start()
     except ControlPlaneError as exc:
         pytest.fail(f"cannot start the envtest control plane from KUBEBUILDER_ASSETS={source.assets}: {exc}",

@@ -38,6 +38,10 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
+# ValidatingAdmissionPolicy is beta in 1.28, off by default: the parity test compares our policies
+# with native ones on the same API server (1.30+ serves admissionregistration.k8s.io/v1 without these).
+VALIDATING_ADMISSION_POLICY_ARGS = ("--feature-gates=ValidatingAdmissionPolicy=true",
+                                    "--runtime-config=admissionregistration.k8s.io/v1beta1=true")
 START_TIMEOUT = 120.0
 PR_SET_PDEATHSIG = 1
 
@@ -169,8 +173,8 @@ class ControlPlane:
 
     def __init__(self, assets: pathlib.Path, *, workdir: pathlib.Path | None = None,
                  apiserver_args: Sequence[str] = ()) -> None:
-        """``apiserver_args``: extra kube-apiserver flags (the bench turns on 1.28's
-        ValidatingAdmissionPolicy gate with them, to compare against it)."""
+        """``apiserver_args``: extra kube-apiserver flags (the e2e session and the bench turn on
+        1.28's ValidatingAdmissionPolicy gate with them, to compare against it)."""
         missing = missing_binaries(assets)
         if missing:
             raise ControlPlaneError(f"KUBEBUILDER_ASSETS={assets} lacks {', '.join(missing)} "
@@ -364,7 +368,7 @@ def main() -> None:
         raise SystemExit("set KUBEBUILDER_ASSETS to a directory holding " + ", ".join(BINARIES)
                          + ' (here: export KUBEBUILDER_ASSETS="$(../shared/envtest/install.sh)")')
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="envtest-"))
-    plane = ControlPlane(pathlib.Path(assets), workdir=workdir)
+    plane = ControlPlane(pathlib.Path(assets), workdir=workdir, apiserver_args=VALIDATING_ADMISSION_POLICY_ARGS)
     try:
         plane.start()
     except ControlPlaneError as exc:

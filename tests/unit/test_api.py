@@ -7,7 +7,6 @@ import pytest
 
 from admission_policy.api import PolicyError, parse_policy
 from admission_policy.engine import PolicyCompileError, compile_policy
-from admission_policy.quantity import QuantityError, format_quantity, parse_quantity
 
 RULE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE"]}
 
@@ -85,25 +84,6 @@ def test_a_variable_may_only_read_earlier_variables() -> None:
                                           {"name": "b", "expression": "true"}]))
     with pytest.raises(PolicyCompileError, match=r"variables\.b is declared later"):
         compile_policy(policy)
-
-
-@pytest.mark.parametrize(("text", "value"), [
-    ("500m", "0.5"), ("1", "1"), ("2Gi", str(2 * 2**30)), ("1.5k", "1500"), ("3e2", "300"), ("100n", "1.00E-7"),
-    ("1E", "1E+18"),
-])
-def test_quantities(text: str, value: str) -> None:
-    assert str(parse_quantity(text)) == value or float(parse_quantity(text)) == float(value)
-
-
-@pytest.mark.parametrize("text", ["", "abc", "1.2.3", "5Xi", "m"])
-def test_bad_quantities(text: str) -> None:
-    with pytest.raises(QuantityError):
-        parse_quantity(text)
-
-
-@pytest.mark.parametrize(("value", "text"), [(8.0, "8"), (7.8, "7800m"), (0.25, "250m"), (1e-7, "100n")])
-def test_format_quantity(value: float, text: str) -> None:
-    assert format_quantity(value) == text
 
 
 # --- issue 18: cost limits at compile time; malformed values --------------------------------------------

@@ -25,7 +25,8 @@ from admission_policy.cellib import authz
 from admission_policy.cli import main
 from admission_policy.cli.authorizer import DeclaredAnswers, parse_answer, parse_answers
 from admission_policy.cli.documents import InputError
-from admission_policy.engine import PolicySet, compile_policy, evaluate as decide_request, parse_review
+from admission_policy.engine import PolicySet, compile_policy, parse_review
+from admission_policy.engine import evaluate as decide_request
 from admission_policy.operator import authorizer
 
 REQUEST: dict[str, Any] = {
@@ -495,7 +496,7 @@ def test_a_bad_declared_answer_is_refused_naming_it(declared: Any, message: str)
 
 
 def test_declared_answers_must_be_a_list() -> None:
-    with pytest.raises(InputError, match="cases\\[0\\].authorizer must be a list of authorizer answers"):
+    with pytest.raises(InputError, match=r"cases\[0\]\.authorizer must be a list of authorizer answers"):
         parse_answers({"allowed": True}, "cases[0].authorizer")
 
 

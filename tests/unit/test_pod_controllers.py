@@ -157,6 +157,46 @@ def test_a_privileged_template_is_denied_naming_the_workload() -> None:
     assert decide([compiled], cronjob()).allowed is True
 
 
+def _at_version(workload: dict[str, Any], api_version: str) -> dict[str, Any]:
+    return {**workload, "apiVersion": api_version}
+
+
+@pytest.mark.parametrize(("workload", "judged"), [
+    # Manifests of versions Kubernetes has since removed, as offline tests and Kyverno's cases have them.
+    pytest.param(_at_version(cronjob(privileged=True), "batch/v1beta1"), True, id="CronJob batch/v1beta1"),
+    pytest.param(_at_version(cronjob(privileged=True), "batch/v2alpha1"), True, id="CronJob batch/v2alpha1"),
+    pytest.param(_at_version(deployment(privileged=True), "apps/v1beta1"), True, id="Deployment apps/v1beta1"),
+    pytest.param(_at_version(deployment(privileged=True), "apps/v1beta2"), True, id="Deployment apps/v1beta2"),
+    pytest.param({**_at_version(deployment(privileged=True), "apps/v1beta2"), "kind": "DaemonSet"}, True,
+                 id="DaemonSet apps/v1beta2"),
+    # A version never served for the kind, and the extensions group (its workloads gone since 1.16).
+    pytest.param({**_at_version(cronjob(privileged=True), "batch/v1beta1"), "kind": "Job"}, False,
+                 id="Job batch/v1beta1"),
+    pytest.param(_at_version(deployment(privileged=True), "extensions/v1beta1"), False,
+                 id="Deployment extensions/v1beta1"),
+])
+def test_workloads_of_every_served_version_are_judged(workload: dict[str, Any], judged: bool) -> None:
+    decision = decide([policy(validations=[NO_PRIVILEGED])], workload)
+    assert decision.allowed is not judged
+    if judged:
+        assert f'the Pod template of {workload["kind"]} ' in decision.message
+
+
+def test_an_old_cronjob_passing_the_policy_is_judged_and_allowed() -> None:
+    # Kyverno's memory-requests-equal-limits case: a batch/v1beta1 CronJob was "not matched".
+    equal = {"expression": "object.spec.containers.all(c, c.?resources.?requests.?memory == "
+                           "c.?resources.?limits.?memory)", "message": "memory requests must equal limits"}
+    old = _at_version(cronjob(), "batch/v1beta1")
+    resources = {"requests": {"memory": "1000m"}, "limits": {"memory": "1000m"}}
+    old["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["resources"] = resources
+    compiled = policy("memory", validations=[equal])
+    review = parse_review(build_review(operation="CREATE", obj=old))
+    assert [p.name for p in PolicySet([compiled]).candidates(review)] == ["memory"]
+    assert decide([compiled], old).allowed is True
+    resources["limits"]["memory"] = "2000m"
+    assert decide([compiled], old).allowed is False
+
+
 def test_warn_and_audit_name_the_workload_too() -> None:
     warn = policy("w", enforcement="Warn", validations=[NO_PRIVILEGED])
     decision = decide([warn], deployment("web", privileged=True))

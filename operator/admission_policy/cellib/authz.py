@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from cel_expr_python import cel
@@ -115,7 +115,8 @@ def _resource(group_check: Any, resource: str) -> Any:
     return _with(group_check, RESOURCE_CHECK, resource=resource)
 
 
-def _setter(field: str) -> Any:
+def _setter(field: str) -> Callable[[Any, str], Any]:
+    """``subresource``, ``namespace``, ``name`` and the selectors: set as given ("" unsets)."""
     return lambda resource_check, value: _with(resource_check, RESOURCE_CHECK, **{field: value})
 
 

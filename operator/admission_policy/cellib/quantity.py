@@ -15,8 +15,8 @@ remember how it was written, which Kubernetes' does, and two things follow by th
   "1.5Gi", 19 digits or more); its own tests mark those answers as ones to fix.
 - ``asApproximateFloat`` is the nearest double; Kubernetes' may differ in the last binary digit.
 
-Besides Kubernetes' functions, this project adds ``<``, ``<=``, ``>``, ``>=`` between quantities,
-``formatQuantity`` (the canonical text) and ``sum()`` of a list of quantities.
+Besides Kubernetes' functions, this project adds ``<``, ``<=``, ``>``, ``>=`` between quantities
+and ``formatQuantity`` (the canonical text).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import decimal
 import functools
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, Final
 
@@ -52,9 +52,11 @@ _EXPONENT: Final = re.compile(r"[+-]?[0-9]+")
 _STATE: Final = re.compile(r"-?[1-9][0-9]*(?:[numkMGTPE]|e-?[0-9]+)?")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _NANO: Final = Decimal("1e-9")
-# Go keeps an int64's worth of digits (18) in its fast int64 form; more, or finer than a nano-unit,
-# take the arbitrary-precision path, which is where rounding and the binary cap happen.
+# Go keeps a quantity of up to 18 digits (a binary one: 15, less about 0.3 per power of two) in
+# its int64 form, exactly; more, or finer than a nano-unit, take its arbitrary-precision path,
+# which is where the rounding, the binary cap and the error for a number without digits are.
 _INT64_DIGITS: Final = 18
+_BINARY_INT64_DIGITS: Final = 15
 # A sum whose exact digits would pass this (1e100000 + 1) is refused: Kubernetes would build it.
 MAX_DIGITS: Final = 100_000
 
@@ -140,7 +142,7 @@ def parse_quantity(text: str) -> Decimal:
         scale = _int32(exponent - len(parts.fraction))
         if len(digits) <= _INT64_DIGITS and scale >= -9:   # Go's int64 path: exact, nothing to round
             return _signed(parts.negative, Decimal(digits).scaleb(scale, _EXACT))
-    elif not parts.fraction and len(parts.whole) + exponent * 3 // 10 + 1 <= 15:
+    elif not parts.fraction and len(parts.whole) + exponent * 3 // 10 + 1 <= _BINARY_INT64_DIGITS:
         return _signed(parts.negative, Decimal(int(digits) << exponent))
     if not _DIGITS.intersection(parts.number):
         raise QuantityError(NUMERIC)   # "." alone is zero above, but not to the decimal parser
@@ -234,19 +236,6 @@ def as_integer(value: Decimal) -> int:
     return int(value)
 
 
-def sum_of(quantities: Iterable[Any]) -> Any:
-    """``sum()`` of a list of quantities. (The runtime cannot tell an empty list of quantities
-    from an empty list of ints: that one's sum is the int 0, Kubernetes' ``[].sum()``.)"""
-    total = Decimal(0)
-    for item in quantities:
-        total = add(total, value_of(item))
-    return of(total)
-
-
-def _sign(value: Decimal) -> int:
-    return 0 if not value else -1 if value < 0 else 1
-
-
 def _is_integer(value: Decimal) -> bool:
     try:
         as_integer(value)
@@ -293,7 +282,7 @@ def _functions() -> tuple[Function, ...]:
         function("quantity", overload("string_to_quantity", q, [string], _quantity)),
         function("isQuantity", overload("is_quantity_string", boolean, [string], is_quantity)),
         # Kubernetes declares sign() as a global function, not a method: sign(q), not q.sign().
-        function("sign", overload("quantity_sign", integer, [q], _unary(_sign))),
+        function("sign", overload("quantity_sign", integer, [q], _unary(lambda value: compare(value, Decimal(0))))),
         function("isInteger", overload("quantity_is_integer", boolean, [q], _unary(_is_integer), member=True)),
         function("asInteger", overload("quantity_get_int", integer, [q], _unary(as_integer), member=True)),
         function("asApproximateFloat", overload("quantity_get_float", double, [q], _unary(float), member=True)),
@@ -306,7 +295,7 @@ def _functions() -> tuple[Function, ...]:
                  overload("quantity_add_int", q, [q, integer], plus, member=True)),
         function("sub", overload("quantity_sub", q, [q, q], minus, member=True),
                  overload("quantity_sub_int", q, [q, integer], minus, member=True)),
-        # This project's additions: operators, a text and a total, which Kubernetes' library lacks.
+        # This project's additions: operators and a text, which Kubernetes' library lacks.
         *(function(operator, overload(f"{name}_quantity", boolean, [q, q], _binary(test)))
           for operator, name, test in (
               ("_<_", "less", lambda a, b: a < b), ("_<=_", "less_equals", lambda a, b: a <= b),
@@ -319,4 +308,4 @@ def _functions() -> tuple[Function, ...]:
 LIBRARY: Final = Library(
     "quantity", "1.28", _functions(),
     "quantity(), isQuantity(), sign, isInteger/asInteger, asApproximateFloat, add/sub, comparisons, "
-    "exact; and this project's <, <=, >, >=, formatQuantity() and sum() of quantities")
+    "exact; and this project's <, <=, >, >= and formatQuantity()")

@@ -43,8 +43,10 @@ _PSEUDO: Final = frozenset({"left_paren", "vertical_bar"})
 _PERL_CLASSES: Final = frozenset({"d", "D", "s", "S", "w", "W"})
 _POSIX_CLASSES: Final = frozenset({"alnum", "alpha", "ascii", "blank", "cntrl", "digit", "graph", "lower", "print",
                                    "punct", "space", "upper", "word", "xdigit"})
-_CATEGORIES: Final = frozenset(
-    "C Cc Cf Cn Co Cs L LC Ll Lm Lo Lt Lu M Mc Me Mn N Nd Nl No P Pc Pd Pe Pf Pi Po Ps S Sc Sk Sm So Z Zl Zp Zs".split())
+# Go's general categories (since Go 1.25 with LC and Cn, and C including Cn).
+_CATEGORY_NAMES: Final = ("C Cc Cf Cn Co Cs L LC Ll Lm Lo Lt Lu M Mc Me Mn N Nd Nl No "
+                          "P Pc Pd Pe Pf Pi Po Ps S Sc Sk Sm So Z Zl Zp Zs")
+_CATEGORIES: Final = frozenset(_CATEGORY_NAMES.split())
 _CATEGORY_ALIASES: Final = {
     "Other": "C", "Control": "Cc", "cntrl": "Cc", "Format": "Cf", "Unassigned": "Cn", "Private_Use": "Co",
     "Surrogate": "Cs", "Letter": "L", "Cased_Letter": "LC", "Lowercase_Letter": "Ll", "Modifier_Letter": "Lm",
@@ -55,7 +57,8 @@ _CATEGORY_ALIASES: Final = {
     "Initial_Punctuation": "Pi", "Other_Punctuation": "Po", "Open_Punctuation": "Ps", "Symbol": "S",
     "Currency_Symbol": "Sc", "Modifier_Symbol": "Sk", "Math_Symbol": "Sm", "Other_Symbol": "So", "Separator": "Z",
     "Line_Separator": "Zl", "Paragraph_Separator": "Zp", "Space_Separator": "Zs"}
-_SCRIPTS: Final = frozenset("""
+# Go's scripts (Unicode 15), named as RE2 names them too.
+_SCRIPT_NAMES_TEXT: Final = """
     Adlam Ahom Anatolian_Hieroglyphs Arabic Armenian Avestan Balinese Bamum Bassa_Vah Batak Bengali Bhaiksuki
     Bopomofo Brahmi Braille Buginese Buhid Canadian_Aboriginal Carian Caucasian_Albanian Chakma Cham Cherokee
     Chorasmian Common Coptic Cuneiform Cypriot Cypro_Minoan Cyrillic Deseret Devanagari Dives_Akuru Dogra Duployan
@@ -70,7 +73,8 @@ _SCRIPTS: Final = frozenset("""
     Palmyrene Pau_Cin_Hau Phags_Pa Phoenician Psalter_Pahlavi Rejang Runic Samaritan Saurashtra Sharada Shavian
     Siddham SignWriting Sinhala Sogdian Sora_Sompeng Soyombo Sundanese Syloti_Nagri Syriac Tagalog Tagbanwa Tai_Le
     Tai_Tham Tai_Viet Takri Tamil Tangsa Tangut Telugu Thaana Thai Tibetan Tifinagh Tirhuta Toto Ugaritic Vai
-    Vithkuqi Wancho Warang_Citi Yezidi Yi Zanabazar_Square""".split())
+    Vithkuqi Wancho Warang_Citi Yezidi Yi Zanabazar_Square"""
+_SCRIPTS: Final = frozenset(_SCRIPT_NAMES_TEXT.split())
 # Every code point RE2's categories (which leave out Cn, as Go's did before 1.25) do not cover.
 _ASSIGNED: Final = r"\p{C}\p{L}\p{M}\p{N}\p{P}\p{S}\p{Z}"
 
@@ -196,6 +200,7 @@ class _Parser:
         self.runes = 0
         self.repeats = 1
         self.sizing = False
+        self.heights = False
 
     # Node bookkeeping, as Go counts it for its limits.
     def new(self, op: str, **fields: Any) -> _Node:
@@ -206,23 +211,30 @@ class _Parser:
         return _Node(op, **fields)
 
     def check_limits(self, node: _Node) -> None:
+        """Go's ``checkLimits``: rune count, compiled size and height, each measured only once
+        the pattern is large enough to approach it (as Go does, to stay fast)."""
         if self.runes > _MAX_RUNES:
             raise RegexError("expression too large", self.whole)
         if not self.sizing:
-            if node.op == "repeat":
-                count = node.max if node.max != -1 else node.min
-                count = max(count, 1)
-                self.repeats = _MAX_SIZE if count > _MAX_SIZE // self.repeats else self.repeats * count
-            if self.allocated < _MAX_SIZE // self.repeats:
-                return
-            self.sizing = True
-            if any(item.size > _MAX_SIZE for item in self.stack):
-                raise RegexError("expression too large", self.whole)
-        if node.size > _MAX_SIZE:
+            self.start_sizing(node)
+        if self.sizing and node.size > _MAX_SIZE:
             raise RegexError("expression too large", self.whole)
-        if self.allocated >= _MAX_HEIGHT and (node.height > _MAX_HEIGHT
-                                               or any(item.height > _MAX_HEIGHT for item in self.stack)):
-            raise RegexError("expression nests too deeply", self.whole)
+        if self.allocated >= _MAX_HEIGHT:
+            tall = node.height > _MAX_HEIGHT
+            if not self.heights:   # from now on, as Go starts measuring heights
+                self.heights, tall = True, tall or any(item.height > _MAX_HEIGHT for item in self.stack)
+            if tall:
+                raise RegexError("expression nests too deeply", self.whole)
+
+    def start_sizing(self, node: _Node) -> None:
+        """Go measures sizes once the nodes made, times every repeat count seen, could reach
+        the limit; then it measures what is already on the stack too."""
+        if node.op == "repeat":
+            count = max(node.max if node.max != -1 else node.min, 1)
+            self.repeats = _MAX_SIZE if count > _MAX_SIZE // self.repeats else self.repeats * count
+        self.sizing = self.allocated >= _MAX_SIZE // self.repeats
+        if self.sizing and any(item.size > _MAX_SIZE for item in self.stack):
+            raise RegexError("expression too large", self.whole)
 
     def push(self, node: _Node) -> None:
         self.runes += len(node.runes)
@@ -359,12 +371,17 @@ class _Parser:
 
     @staticmethod
     def integer(text: str) -> tuple[int | None, str]:
-        """A decimal number without a leading zero (-1 when over 10^8), and the rest."""
+        """Go's ``parseInt``: a decimal number without a leading zero, -1 once it passes 10^8."""
         digits = len(text) - len(text.lstrip("0123456789"))
         if digits == 0 or (digits >= 2 and text[0] == "0"):
             return None, text
-        value = int(text[:digits]) if digits <= 9 else -1
-        return (value if value < 10 ** 8 or digits <= 8 else -1), text[digits:]
+        value = 0
+        for char in text[:digits]:
+            if value >= 10 ** 8:
+                value = -1
+                break
+            value = value * 10 + int(char)
+        return value, text[digits:]
 
     def repeat(self, op: str, low: int, high: int, before: str, after: str, last_repeat: str) -> str:
         flags = self.flags
@@ -421,7 +438,8 @@ class _Parser:
         char, rest = text[1], text[2:]
         if char.isascii() and not char.isalnum():
             return ord(char), rest   # punctuation escapes itself
-        if char in "1234567" and rest[:1] and rest[0] in "01234567" or char == "0":
+        # Octal: \0, or 1-7 followed by another octal digit (a lone \1 would be a back-reference).
+        if (char in "1234567" and rest[:1] and rest[0] in "01234567") or char == "0":
             value = int(char)
             for _ in range(2):   # up to three octal digits in all
                 if not rest or rest[0] not in "01234567":
@@ -437,29 +455,27 @@ class _Parser:
 
     @staticmethod
     def hex_escape(text: str, rest: str) -> tuple[int, str]:
-        if rest[0] == "{":
-            end = rest.find("}")
-            digits = rest[1:end] if end > 0 else ""
-            if end > 0 and all(_unhex(char) >= 0 for char in digits):
-                value = int(digits, 16)
-                if value <= _MAX_RUNE:
-                    return value, rest[end + 1:]
-            # Go stops at the first character that is not a hex digit, or past U+10FFFF.
-            consumed = 1
-            value = 0
-            for char in rest[1:]:
-                consumed += 1
-                if char == "}" or _unhex(char) < 0:
+        """``\\xFF`` or ``\\x{10FFFF}``; an error names what was read up to the offending character."""
+        char, rest = rest[0], rest[1:]
+        if char == "{":
+            value = digits = 0
+            while True:
+                if not rest:
+                    raise RegexError("invalid escape sequence", text)
+                char, rest = rest[0], rest[1:]
+                if char == "}":
                     break
                 value = value * 16 + _unhex(char)
-                if value > _MAX_RUNE:
-                    break
-            else:
-                consumed = len(rest)
-            return _fail_escape(text, len(text) - len(rest) + consumed)
-        if len(rest) >= 2 and _unhex(rest[0]) >= 0 and _unhex(rest[1]) >= 0:
-            return int(rest[:2], 16), rest[2:]
-        return _fail_escape(text, len(text) - len(rest) + min(2, len(rest)))
+                if _unhex(char) < 0 or value > _MAX_RUNE:
+                    raise RegexError("invalid escape sequence", text[:len(text) - len(rest)])
+                digits += 1
+            if digits == 0:
+                raise RegexError("invalid escape sequence", text[:len(text) - len(rest)])
+            return value, rest
+        second, rest = (rest[0], rest[1:]) if rest else ("", rest)
+        if _unhex(char) < 0 or not second or _unhex(second) < 0:
+            raise RegexError("invalid escape sequence", text[:len(text) - len(rest)])
+        return _unhex(char) * 16 + _unhex(second), rest
 
     def unicode_class(self, text: str) -> tuple[str, str]:
         """``\\pL``, ``\\p{Greek}``, ``\\P{^Greek}``: (RE2 class items, rest)."""
@@ -494,7 +510,7 @@ class _Parser:
                 end = rest.find(":]", 2)
                 if end >= 0:
                     name = rest[:end + 2]
-                    if name[2:-2].removeprefix("^") not in _POSIX_CLASSES or name.startswith("[:^^"):
+                    if name[2:-2].removeprefix("^") not in _POSIX_CLASSES:
                         raise RegexError("invalid character class range", name)
                     items.append(name)
                     rest = rest[end + 2:]
@@ -583,12 +599,7 @@ class _Parser:
             paren.op, paren.subs = "capture", [inner]
             self.push(paren)
         else:
-            self.free += 1
             self.push(inner)
-
-
-def _fail_escape(text: str, end: int) -> tuple[int, str]:
-    raise RegexError("invalid escape sequence", text[:end])
 
 
 def _repeat_fits(node: _Node, budget: int) -> bool:
@@ -649,10 +660,7 @@ def _pieces(node: _Node) -> list[_Node | str]:
         return ["(?:", node.subs[0], ")"]
     if op in ("star", "plus", "quest"):
         return ["(?:", node.subs[0], ")" + {"star": "*", "plus": "+", "quest": "?"}[op] + lazy]
-    if node.max == -1:
-        bounds = f"{node.min},"
-    else:
-        bounds = str(node.min) if node.min == node.max else f"{node.min},{node.max}"
+    bounds = f"{node.min}," if node.max == -1 else f"{node.min}" if node.min == node.max else f"{node.min},{node.max}"
     return ["(?:", node.subs[0], f"){{{bounds}}}{lazy}"]
 
 

@@ -28,6 +28,7 @@ from ..engine import (
 )
 from ..operator.settings import OperatorSettings
 from .admission import admit
+from .authorizer import DeclaredAnswers, answered, combined, read_answers
 from .documents import (
     Document,
     Found,
@@ -51,7 +52,12 @@ _OPERATIONS = click.Choice(["CREATE", "UPDATE", "DELETE", "CONNECT"], case_sensi
 
 
 def _input_options(fn: Any) -> Any:
-    """--param and --context: what the cluster would hold for policies that read params or context."""
+    """--param and --context: what the cluster would hold for policies that read params or context;
+    --authorizer: what its authorizer would decide for their authorizer checks."""
+    fn = click.option("--authorizer", "authorizer_paths", multiple=True, type=click.Path(), metavar="FILE",
+                      help="Authorizer answers for policies' authorizer checks (repeatable; a YAML or JSON list of "
+                           "{user|serviceAccount, verb, group, resource, subresource, namespace, name, path, "
+                           "allowed, reason, error}; a check none covers is refused).")(fn)
     fn = click.option("--context", "context_specs", multiple=True, metavar="NAME=FILE_OR_DIR",
                       help="Objects for context.NAME, a name a policy declares (repeatable; every object of "
                            "the files, Lists included; none for an empty directory).")(fn)
@@ -108,8 +114,10 @@ def main() -> None:
       admission-policy test examples/                    run every AdmissionPolicyTest suite
       admission-policy test -p policy.yaml pod.yaml      show what the policies do to an object
       admission-policy review -p policy.yaml review.json print the webhook's AdmissionReview response
-      admission-policy lint policies/                    compile only, for CI (exit 2 on any error)
+      admission-policy lint policies/                    compile only, for CI (exit 2 on any error);
+                                                         says which could be ValidatingAdmissionPolicies
       admission-policy audit -p policies/ manifests/     what existing objects violate (exit 1: Enforce)
+      admission-policy convert vap.yaml binding.yaml     ValidatingAdmissionPolicies → AdmissionPolicies
       admission-policy plugins                           list installed plugins and feature gates
     Operator:
       admission-policy run                               run the operator (Kopf) with settings from flags/env
@@ -134,7 +142,7 @@ def main() -> None:
 @click.argument("paths", nargs=-1, type=click.Path())
 def test(policy_paths: Sequence[str], operation: str, old_path: str | None, namespace_labels: str, user: str,
          groups: Sequence[str], subresource: str, param_paths: Sequence[str], context_specs: Sequence[str],
-         feature_gates: str, output: str, paths: Sequence[str]) -> None:
+         authorizer_paths: Sequence[str], feature_gates: str, output: str, paths: Sequence[str]) -> None:
     """Run AdmissionPolicyTest suites, or evaluate objects against policies.
 
     Each PATH is a file or directory. In directories, AdmissionPolicyTest suites are run. In
@@ -158,8 +166,9 @@ def test(policy_paths: Sequence[str], operation: str, old_path: str | None, name
         user_info = {"username": user, "groups": list(groups) or ["system:authenticated"]}
         results = [run_suite(document) for document in suites]
         given = _read_inputs(param_paths, context_specs, policies)
+        answers = combined(read_answers(path) for path in authorizer_paths)
         evaluated = [_evaluate_input(policies, document, operation.upper(), old, labels, user_info, subresource,
-                                     given) for document in inputs]
+                                     given, answers) for document in inputs]
     except InputError as exc:
         _fail(exc, output)
     _print_test_results(results, evaluated, output)
@@ -178,7 +187,8 @@ def test(policy_paths: Sequence[str], operation: str, old_path: str | None, name
 @_gates_option
 @click.argument("review_path", metavar="REVIEW.json|-", type=click.Path())
 def review(policy_paths: Sequence[str], namespace_paths: Sequence[str], phase: str, param_paths: Sequence[str],
-           context_specs: Sequence[str], feature_gates: str, review_path: str) -> None:
+           context_specs: Sequence[str], authorizer_paths: Sequence[str], feature_gates: str,
+           review_path: str) -> None:
     """Print the AdmissionReview response the webhook returns for an AdmissionReview request.
 
     Exits 0 whenever a response was produced, allowed or not; 2 for unusable input.
@@ -192,6 +202,7 @@ def review(policy_paths: Sequence[str], namespace_paths: Sequence[str], phase: s
                 raise InputError(f"{source}: expected a Namespace, got kind {body['kind']!r}")
             namespaces[str((body.get("metadata") or {}).get("name", ""))] = body
         given = _read_inputs(param_paths, context_specs, policies)
+        answers = combined(read_answers(path) for path in authorizer_paths)
         documents = read_documents(review_path)
         if len(documents) != 1:
             raise InputError(f"{review_path}: expected one AdmissionReview, found {len(documents)} documents")
@@ -199,9 +210,10 @@ def review(policy_paths: Sequence[str], namespace_paths: Sequence[str], phase: s
             request = parse_review(documents[0].body)
         except ReviewError as exc:
             raise InputError(f"{review_path}: invalid AdmissionReview: {exc}") from None
+        decision = answered(evaluate(policies, request, namespaces.get(request.namespace), Phase(phase), inputs=given,
+                                     authorization=answers))
     except InputError as exc:
         _fail(exc)
-    decision = evaluate(policies, request, namespaces.get(request.namespace), Phase(phase), inputs=given)
     click.echo(json.dumps(build_response(decision, request.uid, request.api_version), indent=2))
 
 
@@ -218,7 +230,8 @@ def review(policy_paths: Sequence[str], namespace_paths: Sequence[str], phase: s
 @_gates_option
 @click.argument("paths", nargs=-1, type=click.Path())
 def audit(policy_paths: Sequence[str], kubeconfig: str | None, output: str, progress: str,
-          param_paths: Sequence[str], context_specs: Sequence[str], feature_gates: str, paths: Sequence[str]) -> None:
+          param_paths: Sequence[str], context_specs: Sequence[str], authorizer_paths: Sequence[str], feature_gates: str,
+          paths: Sequence[str]) -> None:
     """Judge existing objects as the operator's background audit does.
 
     \b
@@ -258,8 +271,9 @@ def audit(policy_paths: Sequence[str], kubeconfig: str | None, output: str, prog
             raise InputError(f"no AdmissionPolicy found in {', '.join(policy_paths)}")
         now = int(time.time())
         given = _read_inputs(param_paths, context_specs, policies)
+        answers = combined(read_answers(path) for path in authorizer_paths)
         if kubeconfig is None:
-            run = audit_manifests(policies, paths, now, given)
+            run = audit_manifests(policies, paths, now, given, answers)
         else:
             try:   # the gates as given above, whichever of the flag and the variable gave them
                 settings = OperatorSettings.from_env({**os.environ, features.ENV: feature_gates})
@@ -267,7 +281,7 @@ def audit(policy_paths: Sequence[str], kubeconfig: str | None, output: str, prog
                 raise InputError(str(exc)) from None
             try:
                 run = asyncio.run(audit_cluster(policies, kubeconfig, now, settings,
-                                                stderr_progress(progress_enabled(progress)), given))
+                                                stderr_progress(progress_enabled(progress)), given, answers))
             except InputError:
                 raise
             except Exception as exc:
@@ -302,8 +316,10 @@ def _check_kubeconfig(path: str) -> None:
 @main.command()
 @_gates_option
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--require-portable", is_flag=True,
+              help="Also exit 2 when a policy could not be a ValidatingAdmissionPolicy.")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
-def lint(feature_gates: str, output: str, paths: Sequence[str]) -> None:
+def lint(feature_gates: str, output: str, require_portable: bool, paths: Sequence[str]) -> None:
     """Compile AdmissionPolicies without evaluating anything: a check for CI pipelines.
 
     Each PATH is a policy file or a directory, searched recursively (other kinds are skipped).
@@ -311,12 +327,62 @@ def lint(feature_gates: str, output: str, paths: Sequence[str]) -> None:
     validating webhook runs at `kubectl apply`. Prints one line per policy: "ok", or one "error"
     line per problem naming the file, the policy, the field path and, for CEL, line and column.
     A policy using a plugin that a feature gate switches off compiles with a "warn" line: the
-    operator skips those rules. Exits 0 when every policy compiles, 2 on any error.
+    operator skips those rules.
+
+    Then, for each policy that compiles, whether it could be a ValidatingAdmissionPolicy:
+    "portable" (with the oldest Kubernetes it needs), or one "not portable" line per obstacle
+    (a mutation, a plugin, context, a CEL function Kubernetes lacks), and "note" lines for what
+    ports only with a translation (excludeNamespaces, an unset reason...).
+    Exits 0 when every policy compiles, 2 on any error (with --require-portable, also when one
+    is not portable).
     """
     _use_gates(feature_gates, output)
     results = lint_policies(paths)
     click.echo(dump_json(lint_json(results)) if output == "json" else lint_text(results))
-    sys.exit(0 if all(result.ok for result in results) else 2)
+    stuck = require_portable and any(r.portability is not None and not r.portability.portable for r in results)
+    sys.exit(0 if all(result.ok for result in results) and not stuck else 2)
+
+
+@main.command()
+@click.option("-o", "--output", "output_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Write the AdmissionPolicies to FILE instead of standard output.")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+def convert(output_path: str | None, paths: Sequence[str]) -> None:
+    """Convert ValidatingAdmissionPolicies and their bindings into AdmissionPolicies.
+
+    \b
+    Each PATH is a file, a directory (searched recursively) or - for standard input, holding
+    ValidatingAdmissionPolicy and ValidatingAdmissionPolicyBinding objects
+    (admissionregistration.k8s.io v1, v1beta1 or v1alpha1); other objects, such as params,
+    are read past. Each binding becomes one AdmissionPolicy named after it, deciding what the
+    policy decides through that binding; a policy no binding names is not enforced by
+    Kubernetes, and becomes nothing (a warning says so). Writes multi-document YAML.
+
+    What an AdmissionPolicy cannot express faithfully (audit annotations, Deny+Audit, CEL this
+    project lacks) is one "error:" line on standard error naming the object and the field;
+    the rest is still written. Exits 0 when everything converted, 2 otherwise.
+    """
+    from .convert import convert_paths, dump
+
+    try:
+        result = convert_paths(paths)
+        if result.policies and output_path is not None:
+            try:
+                Path(output_path).write_text(dump(result.policies), encoding="utf-8")
+            except OSError as exc:
+                raise InputError(f"-o {output_path}: cannot write: {exc.strerror or exc}") from None
+        elif result.policies:
+            click.echo(dump(result.policies), nl=False)
+    except InputError as exc:
+        _fail(exc)
+    for notice in result.notices:
+        click.echo(f"warning: {notice}", err=True)
+    for problem in result.problems:
+        click.echo(f"error: {problem}", err=True)
+    if not result.policies and not result.problems:
+        click.echo(f"error: nothing converted: no ValidatingAdmissionPolicyBinding in {', '.join(paths)} "
+                   "names a ValidatingAdmissionPolicy given", err=True)
+    sys.exit(2 if result.problems or not result.policies else 0)
 
 
 class _Evaluated(NamedTuple):
@@ -356,7 +422,7 @@ def _policy_as_input(document: Document, path: str) -> str:
 
 def _evaluate_input(policies: PolicySet, document: Document, operation: str, old: Any,
                     labels: dict[str, str], user_info: dict[str, Any], subresource: str,
-                    given: StaticInputs) -> _Evaluated:
+                    given: StaticInputs, answers: DeclaredAnswers) -> _Evaluated:
     try:
         if document.kind == "AdmissionReview":
             review_body = document.body
@@ -368,7 +434,7 @@ def _evaluate_input(policies: PolicySet, document: Document, operation: str, old
     except (ReviewError, ValueError) as exc:
         raise InputError(f"{document.source}: {exc}") from None
     namespace = namespace_object(request.namespace, labels) if request.namespace else None
-    decision, generated_name = admit(policies, request, namespace, given)
+    decision, generated_name = admit(policies, request, namespace, given, answers)
     what = f"{request.resource}{'/' + request.sub_resource if request.sub_resource else ''}"
     name = generated_name or request.name
     name = f"{request.namespace}/{name}" if request.namespace else name

@@ -13,8 +13,10 @@ import random
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from ..authorization import Authorization
 from ..engine import Decision, Inputs, Phase, PolicyOutcome, PolicySet, evaluate
 from ..engine.request import AdmissionRequest
+from .authorizer import answered
 
 # The API server's alphabet (k8s.io/apimachinery util/rand): no vowels and no 0, 1, 3, so a
 # generated suffix never spells a word.
@@ -40,16 +42,20 @@ def generate_name(prefix: str) -> str:
 
 
 def admit(policies: PolicySet, request: AdmissionRequest, namespace: Mapping[str, Any] | None,
-          inputs: Inputs | None = None) -> Admission:
+          inputs: Inputs | None = None, authorization: Authorization | None = None) -> Admission:
     """Mutate, then validate, as the API server does; a generateName gets its name in between.
-    ``inputs``: the params and context objects given in files."""
+    ``inputs``: the params and context objects given in files; ``authorization``: the declared
+    answers to authorizer checks (a check none covers is an InputError naming it)."""
     if not _generates_name(request.object, request):
-        return Admission(evaluate(policies, request, namespace, Phase.ALL, inputs=inputs), "")
-    mutated = evaluate(policies, request, namespace, Phase.MUTATE, inputs=inputs)
+        return Admission(answered(evaluate(policies, request, namespace, Phase.ALL, inputs=inputs,
+                                           authorization=authorization)), "")
+    mutated = answered(evaluate(policies, request, namespace, Phase.MUTATE, inputs=inputs,
+                                authorization=authorization))
     if not mutated.allowed:
         return Admission(mutated, "")    # a mutating denial ends the request before any name exists
     final, name = _named(request, mutated.patched_object)
-    validated = evaluate(policies, final, namespace, Phase.VALIDATE, inputs=inputs)
+    validated = answered(evaluate(policies, final, namespace, Phase.VALIDATE, inputs=inputs,
+                                  authorization=authorization))
     return Admission(_combined(request, mutated, validated), name)
 
 

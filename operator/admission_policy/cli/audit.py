@@ -17,9 +17,11 @@ from typing import Any, Final
 import click
 
 from .. import api, reports
+from ..authorization import Authorization, Unanswered
 from ..engine import CompiledPolicy, Inputs, PolicySet
 from ..engine.background import FAIL, PASS, AuditResult, Resource, audit_object, audits, background_request
 from ..operator.settings import OperatorSettings
+from .authorizer import HINT
 from .documents import InputError, documents_in, kubernetes_objects
 from .requests import is_namespaced, namespace_object, resource_of
 from .suite import is_suite
@@ -51,6 +53,7 @@ class AuditRun:
     policies: PolicySet
     now: int
     inputs: Inputs | None = None   # params and context, from files (--param, --context)
+    authorization: Authorization | None = None   # declared authorizer answers (--authorizer)
     tallies: dict[str, PolicyTally] = dataclasses.field(default_factory=dict)
     results: reports.Results = dataclasses.field(default_factory=reports.Results)
     scanned: int = 0
@@ -60,8 +63,12 @@ class AuditRun:
         self.scanned += 1
         ref = reports.ObjectRef.of(target.body, target.resource.api_version, target.resource.kind,
                                    target.resource.namespaced)
-        for result in audit_object(self.policies, background_request(target.body, target.resource), namespace,
-                                   self.inputs):
+        try:
+            results = audit_object(self.policies, background_request(target.body, target.resource), namespace,
+                                   self.inputs, self.authorization)
+        except Unanswered as exc:
+            raise InputError(f"{target.source}: {exc}: {HINT}") from None
+        for result in results:
             self._record(result, ref)
 
     def _record(self, result: AuditResult, ref: reports.ObjectRef) -> None:
@@ -112,10 +119,10 @@ def namespaces_of(targets: list[Target]) -> dict[str, Mapping[str, Any]]:
 
 
 def audit_manifests(policies: list[CompiledPolicy], paths: Iterable[str], now: int,
-                    inputs: Inputs | None = None) -> AuditRun:
+                    inputs: Inputs | None = None, authorization: Authorization | None = None) -> AuditRun:
     targets = list(manifest_targets(paths))
     namespaces = namespaces_of(targets)
-    run = AuditRun(PolicySet(policies), now, inputs)
+    run = AuditRun(PolicySet(policies), now, inputs, authorization)
     for target in targets:
         namespace = target.body["metadata"]["namespace"] if target.resource.namespaced else ""
         run.judge(target, namespaces.get(namespace) or (namespace_object(namespace, {}) if namespace else None))
@@ -123,7 +130,8 @@ def audit_manifests(policies: list[CompiledPolicy], paths: Iterable[str], now: i
 
 
 async def audit_cluster(policies: list[CompiledPolicy], kubeconfig: str | None, now: int,
-                        settings: OperatorSettings, progress: ProgressFn, inputs: Inputs | None = None) -> AuditRun:
+                        settings: OperatorSettings, progress: ProgressFn, inputs: Inputs | None = None,
+                        authorization: Authorization | None = None) -> AuditRun:
     """List what the policies' rules name in a live cluster, page by page as the operator does,
     and judge it here: nothing is written to the cluster."""
     from ..operator.audit import ListingError, display, list_objects
@@ -131,7 +139,7 @@ async def audit_cluster(policies: list[CompiledPolicy], kubeconfig: str | None, 
     from ..operator.registration import routes
     from ..operator.webhookconfig import listable_resources
 
-    run = AuditRun(PolicySet(policies), now, inputs)
+    run = AuditRun(PolicySet(policies), now, inputs, authorization)
     api_client = await new_api_client(kubeconfig)
     async with api_client:
         discovered = await Discovery(api_client).resources()

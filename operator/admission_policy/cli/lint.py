@@ -1,7 +1,9 @@
 """``admission-policy lint``: compile policies as the operator's webhook does at `kubectl apply`.
 
 For CI pipelines: nothing is evaluated, every file is read even when an earlier one is broken,
-and every problem is one line naming the file, the policy, the field path and the column.
+and every problem is one line naming the file, the policy, the field path and the column. Each
+policy that compiles is also judged for portability to a ValidatingAdmissionPolicy
+(``vap.portability``), after the compile results, so that those keep their place for scripts.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import api
+from ..vap.portability import Portability, portability
 from .documents import (
     Document,
     InputError,
@@ -29,6 +32,7 @@ class LintResult:
     policy: str                  # the policy's name; "" when a file could not be read
     errors: tuple[str, ...]      # one line each; none when the policy compiles
     warnings: tuple[str, ...] = ()   # plugin rules a feature gate switches off (skipped, not an error)
+    portability: Portability | None = None   # for a policy that compiles
 
     @property
     def ok(self) -> bool:
@@ -73,7 +77,8 @@ def _lint_document(document: Document, seen: dict[str, str]) -> LintResult:
     if policy.name in seen:
         return LintResult(document.source, policy.name, (duplicate_policy(document, policy.name, seen[policy.name]),))
     seen[policy.name] = document.source
-    return LintResult(document.source, policy.name, (), tuple(gated_off_warnings(document, policy)))
+    return LintResult(document.source, policy.name, (), tuple(gated_off_warnings(document, policy)),
+                      portability(policy, document.body))
 
 
 def lint_text(results: list[LintResult]) -> str:
@@ -87,10 +92,32 @@ def lint_text(results: list[LintResult]) -> str:
     skipping = sum(bool(result.warnings) for result in results)
     lines.append(f"\n{len(results) - failed} compiled, {failed} with errors"
                  + (f", {skipping} with plugin rules a feature gate switches off" if skipping else ""))
+    judged = [result for result in results if result.portability is not None]
+    if judged:
+        lines += ["", "As a ValidatingAdmissionPolicy:"]
+        lines += [line for result in judged for line in _portability_lines(result)]
+        portable = sum(result.portability.portable for result in judged if result.portability is not None)
+        lines.append(f"\n{portable} of {len(judged)} portable to ValidatingAdmissionPolicy")
     return "\n".join(lines)
+
+
+def _portability_lines(result: LintResult) -> list[str]:
+    """``portable``, or one ``not portable`` line per obstacle; then what ports with a translation."""
+    verdict = result.portability
+    assert verdict is not None
+    policy = f"{result.source}: AdmissionPolicy {result.policy!r}"
+    if verdict.portable:
+        needs = f" (Kubernetes {verdict.kubernetes} or later)" if verdict.needs else ""
+        lines = [f"portable      {policy}{needs}"]
+        lines += [f"needs         {policy}: {finding}" for finding in verdict.needs]
+    else:
+        lines = [f"not portable  {policy}: {finding}" for finding in verdict.blockers]
+    return lines + [f"note          {policy}: {finding}" for finding in verdict.notes]
 
 
 def lint_json(results: list[LintResult]) -> dict[str, Any]:
     return {"ok": all(result.ok for result in results),
             "policies": [{"source": r.source, "name": r.policy or None, "ok": r.ok, "errors": list(r.errors),
-                          "warnings": list(r.warnings)} for r in results]}
+                          "warnings": list(r.warnings),
+                          "portability": r.portability.as_json() if r.portability is not None else None}
+                         for r in results]}

@@ -9,6 +9,7 @@ from typing import Any
 from .. import api
 from ..engine import Decision, PolicySet, ReviewError, StaticInputs, parse_review
 from .admission import admit
+from .authorizer import DeclaredAnswers, parse_answers
 from .documents import Document, Found, InputError, kubernetes_objects, load_policies, objects_in, read_documents
 from .inputs import checked_inputs
 from .report import yaml_diff
@@ -16,7 +17,7 @@ from .requests import build_review, namespace_object
 
 SUITE_KIND = "AdmissionPolicyTest"
 _CASE_FIELDS = frozenset({"name", "operation", "object", "oldObject", "subResource", "resource",
-                          "namespaceLabels", "userInfo", "dryRun", "params", "context", "expect"})
+                          "namespaceLabels", "userInfo", "dryRun", "params", "context", "authorizer", "expect"})
 _EXPECT_FIELDS = frozenset({"allowed", "code", "messageContains", "warnings", "auditAnnotations",
                             "patched", "mutated"})
 
@@ -43,7 +44,7 @@ class SuiteResult:
 def run_suite(document: Document) -> SuiteResult:
     """Load a suite's policies and run every case; unusable input raises InputError."""
     suite = _mapping(document.body, document.source, "the suite")
-    unknown = set(suite) - {"apiVersion", "kind", "metadata", "policies", "params", "context", "cases"}
+    unknown = set(suite) - {"apiVersion", "kind", "metadata", "policies", "params", "context", "authorizer", "cases"}
     if unknown:
         raise InputError(f"{document.source}: unknown field {sorted(unknown)[0]!r} in AdmissionPolicyTest")
     base = Path(document.source.split("#", 1)[0]).parent
@@ -110,7 +111,8 @@ def _run_case(policies: PolicySet, case: Mapping[str, Any], name: str, base: Pat
     namespace = None
     if request.namespace:
         namespace = namespace_object(request.namespace, case.get("namespaceLabels") or {})
-    decision, generated_name = admit(policies, request, namespace, _inputs(policies, case, suite, base, where))
+    decision, generated_name = admit(policies, request, namespace, _inputs(policies, case, suite, base, where),
+                                     _answers(case, suite, base, where))
     expected_patched = None
     if "patched" in expect:
         expected_patched = _object(expect["patched"], base, f"{where}.expect.patched")
@@ -140,6 +142,14 @@ def _inputs(policies: PolicySet, case: Mapping[str, Any], suite: Mapping[str, An
         context[str(name)] = (named, [found for i, item in enumerate(items)
                                       for found in _cluster_objects(item, base, f"{named}[{i}]")])
     return checked_inputs(policies, params, context)
+
+
+def _answers(case: Mapping[str, Any], suite: Mapping[str, Any], base: Path, where: str) -> DeclaredAnswers:
+    """The case's declared authorizer answers (inline or files), else the suite's: what the
+    cluster's authorizer would decide for the checks its policies make (``cli.authorizer``)."""
+    if "authorizer" in case:
+        return parse_answers(case["authorizer"] or [], f"{where}.authorizer", base)
+    return parse_answers(suite.get("authorizer") or [], "the suite's authorizer", base)
 
 
 def _cluster_objects(value: Any, base: Path, where: str) -> list[Found]:

@@ -22,6 +22,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Final
 
+from ..authorization import Authorization, Unanswered
 from .compiler import CompiledPolicy
 from .evaluation import Finding, Phase, evaluate
 from .inputs import Inputs
@@ -100,16 +101,21 @@ def background_request(body: Mapping[str, Any], resource: Resource) -> Admission
 
 
 def audit_object(policies: PolicySet, request: AdmissionRequest, namespace_object: Mapping[str, Any] | None = None,
-                 inputs: Inputs | None = None) -> tuple[AuditResult, ...]:
+                 inputs: Inputs | None = None, authorization: Authorization | None = None) -> tuple[AuditResult, ...]:
     """Every matching policy's result for one existing object, in name order.
 
     Two calls of ``evaluate``: the validating phase on the object as stored, and the mutating
     phase only to learn which policies would change it. A policy that does not select the
     object (selectors, excluded namespaces, match conditions) has no result. ``inputs``: the
-    params and context, as at admission (``engine.inputs``).
+    params and context, as at admission (``engine.inputs``). ``authorization``: answers to the
+    policies' authorizer checks (none: each check is an evaluation error, nobody is asking);
+    Unanswered when it has no answer to one.
     """
-    validated = evaluate(policies, request, namespace_object, Phase.VALIDATE, inputs=inputs)
-    mutated = evaluate(policies, request, namespace_object, Phase.MUTATE, inputs=inputs)
+    validated = evaluate(policies, request, namespace_object, Phase.VALIDATE, inputs=inputs,
+                         authorization=authorization)
+    mutated = evaluate(policies, request, namespace_object, Phase.MUTATE, inputs=inputs, authorization=authorization)
+    if validated.unanswered or mutated.unanswered:
+        raise Unanswered(dict.fromkeys(validated.unanswered + mutated.unanswered))
     if not validated.outcomes and validated.code == 500:   # the engine failed: say so, never a silent pass
         return tuple(AuditResult(p.name, p.policy.enforcement, ERROR, (Finding("", validated.message, True),))
                      for p in policies.candidates(request))

@@ -23,7 +23,9 @@ from typing import Any, Final, TypeVar
 
 from .. import celcost, celfork
 from ..api import REASON_CODES, LabelSelector, non_finite
+from ..authorization import Authorization, Check, answering
 from ..cel import POLICY_BUDGET, CelEvaluationError, CompiledExpression, new_activation
+from ..cellib import authz
 from . import plugincalls
 from .compiler import BoundPlugin, CompiledMutation, CompiledPatchOperation, CompiledPolicy, CompiledValidation
 from .inputs import InputError, Inputs, NoInputs, context_lists, describe, labels_of, select_params
@@ -114,6 +116,7 @@ class Decision:
     outcomes: tuple[PolicyOutcome, ...] = ()
     evaluations: int = 0              # CEL programs run for this request
     plugin_calls: tuple[PluginCall, ...] = ()
+    unanswered: tuple[Check, ...] = ()   # not a decision: these authorizer checks need answers (evaluate)
 
 
 def evaluate(
@@ -126,6 +129,7 @@ def evaluate(
     clock: Callable[[], float] = time.monotonic,
     inputs: Inputs | None = None,
     namespace_error: str = "",
+    authorization: Authorization | None = None,
 ) -> Decision:
     """Decide one admission request. Never raises for anything a request or policy contains.
 
@@ -139,20 +143,32 @@ def evaluate(
     each expression): the policy at hand, and every one after it, gets its failurePolicy answer.
     The webhook passes one below the API server's timeout, so a slow request still gets an
     answer in time and stops taking the event loop from the others.
+
+    ``authorization``: the answers to the policies' authorizer checks (``authorization``). When
+    a check has none yet, the result is no decision: ``unanswered`` lists the checks (and it
+    denies, for a caller that does not look); answer them and evaluate again. None: every check
+    is an evaluation error, as where Kubernetes binds no authorizer.
     """
     try:
         candidates = policies.candidates(request)
         if not candidates:
             return Decision(allowed=True, patched_object=request.object)
         run = _Run(request, namespace_object, deadline, clock, inputs, namespace_error)
-        if phase in (Phase.MUTATE, Phase.ALL):
-            for policy in candidates:
-                if policy.mutations:
-                    run.guarded(policy, run.mutate)
-        if phase in (Phase.VALIDATE, Phase.ALL):
-            for policy in candidates:
-                if policy.validations:
-                    run.guarded(policy, run.validate)
+        with answering(authorization) as asking:
+            if phase in (Phase.MUTATE, Phase.ALL):
+                for policy in candidates:
+                    if policy.mutations:
+                        run.guarded(policy, run.mutate)
+            if phase in (Phase.VALIDATE, Phase.ALL):
+                for policy in candidates:
+                    if policy.validations:
+                        run.guarded(policy, run.validate)
+        unanswered = asking.unanswered(error for _, record in run.records.values() for error in record.errors)
+        if unanswered:
+            return Decision(allowed=False, code=500, reason="InternalError", patched_object=request.object,
+                            message="authorizer checks without an answer: "
+                                    + "; ".join(check.describe() for check in unanswered),
+                            unanswered=unanswered)
         return run.decision()
     except Exception as exc:   # a defect of ours; still an answer, never a 500
         return Decision(allowed=False, code=500, reason="InternalError",
@@ -519,7 +535,13 @@ class _Run:
             "namespaceObject": _bound(self.namespace_object, full),
             "params": self.param,
             "context": self.context,
+            **self.authorizer,
         }
+
+    @functools.cached_property
+    def authorizer(self) -> dict[str, Any]:
+        """``authorizer`` and ``authorizer.requestResource``: the requester, the request's resource."""
+        return authz.bindings(self.request.raw)
 
     def activation(self, policy: CompiledPolicy) -> Any:
         """The shared activation, for programs that bind their own variables (or read none)."""

@@ -26,7 +26,7 @@ from kubernetes_asyncio import client
 
 from .. import api, features, plugins
 from ..engine import CompiledPolicy, Decision, Phase, PolicyCompileError, evaluate
-from . import audit, certificates, conditions, events, metrics, registration, watcher
+from . import audit, authorizer, certificates, conditions, events, metrics, registration, watcher
 from .decisions import DecisionLog
 from .kube import Discovery, call_json, leads_peering, message_of, new_api_client, resource_path
 from .settings import OperatorSettings
@@ -472,8 +472,11 @@ async def _decide(phase: Phase, webhook: str) -> None:
         if namespace is None:
             namespace, namespace_error = await _fetch_namespace(op, request.namespace, deadline)
     started = time.perf_counter()
-    decision = evaluate(op.store.policies, request, namespace, phase, deadline=deadline, inputs=op.sources,
-                        namespace_error=namespace_error)
+    policies = op.store.policies
+    decision = await authorizer.decide(   # the policies' authorizer checks, by SubjectAccessReviews
+        lambda answers: evaluate(policies, request, namespace, phase, deadline=deadline, inputs=op.sources,
+                                 namespace_error=namespace_error, authorization=answers),
+        authorizer.reviewer(op.api_client, deadline))
     metrics.observe(decision, request.operation, webhook, time.perf_counter() - started)
     exchange.decision = decision
     op.decisions.record(request, decision, webhook)

@@ -1,0 +1,185 @@
+"""Could an AdmissionPolicy be a ValidatingAdmissionPolicy? What stops it, what would differ.
+
+Some of what an AdmissionPolicy does has no ValidatingAdmissionPolicy form at all: mutations,
+Python plugins, context lists. Its CEL ports when it compiles in Kubernetes' environment: the
+one this project checks policies in, without the libraries marked ``since="ours"`` (ours only
+add, so leaving them out leaves Kubernetes' own). A library with a Kubernetes version is
+there from that version on, which sets the oldest Kubernetes a policy can run on; an
+expression needs a library when it does not compile without it.
+
+The rest ports with a translation, and says how (``notes``): excludeNamespaces becomes a
+namespaceSelector, a rule's "pods/*" an exclusion, an unset reason an explicit one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from cel_expr_python import cel
+from cel_expr_python.ext import ext_bindings, ext_encoders, ext_math, ext_optional, ext_strings
+
+from .. import cellib
+from ..cel import VARIABLES
+from ..engine import CompiledPolicy
+
+# ValidatingAdmissionPolicy is GA (admissionregistration.k8s.io/v1) from Kubernetes 1.30.
+BASELINE: Final = "1.30"
+# As ``cel`` declares them (``context`` too: an expression reading it is not reported twice, since
+# spec.context is).
+_TYPES: Final = {"authorizer": cellib.opaque("kubernetes.authorization.Authorizer").type,
+                 "authorizer.requestResource": cellib.opaque("kubernetes.authorization.ResourceCheck").type}
+_ERROR: Final = re.compile(r"<input>:(\d+):(\d+): (.*)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Portability:
+    blockers: tuple[Finding, ...] = ()   # what a ValidatingAdmissionPolicy cannot do
+    notes: tuple[Finding, ...] = ()      # what ports with a translation, or behaves otherwise
+    needs: tuple[Finding, ...] = ()      # expressions that need a Kubernetes newer than BASELINE
+    kubernetes: str = BASELINE           # the oldest Kubernetes whose environment has all it calls
+
+    @property
+    def portable(self) -> bool:
+        return not self.blockers
+
+    def as_json(self) -> dict[str, Any]:
+        return {"portable": self.portable, "kubernetes": self.kubernetes,
+                "blockers": [str(f) for f in self.blockers], "needs": [str(f) for f in self.needs],
+                "notes": [str(f) for f in self.notes]}
+
+
+def portability(compiled: CompiledPolicy, body: Mapping[str, Any], environment: KubernetesCel | None = None,
+                ) -> Portability:
+    """The verdict for a policy that compiles here; ``body`` is the object as written (to tell
+    an unset field from its default)."""
+    kubernetes = environment or kubernetes_cel()
+    policy = compiled.policy
+    blockers = []
+    if policy.mutations:
+        blockers.append(Finding("spec.mutations", "a ValidatingAdmissionPolicy only validates (Kubernetes' "
+                                                  "MutatingAdmissionPolicy mutates, with an API of its own)"))
+    blockers += [Finding(v.plugin.path, f"the Python plugin {v.plugin.name!r} runs only in this operator")
+                 for v in policy.validations if v.plugin is not None]
+    if policy.context:
+        blockers.append(Finding("spec.context", "a ValidatingAdmissionPolicy reads no lists of other objects "
+                                                "(its params are one object per evaluation)"))
+    needs = []
+    for expression in policy.expressions():
+        if expression.path.startswith("spec.mutations"):
+            continue
+        hidden = _hidden(expression.path)
+        problem = kubernetes.compile_error(expression.source, hidden=hidden)
+        if problem is not None:
+            blockers.append(Finding(expression.path, problem))
+            continue
+        needs += [(Finding(expression.path, f"needs Kubernetes {library.since} or later (library {library.name})"),
+                   library.since) for library in kubernetes.recent()
+                  if kubernetes.compile_error(expression.source, library.name, hidden) is not None]
+    oldest = max((since for _, since in needs), key=_version, default=BASELINE)
+    return Portability(tuple(blockers), tuple(_notes(compiled, body)), tuple(f for f, _ in needs), oldest)
+
+
+def _hidden(path: str) -> tuple[str, ...]:
+    """The variables Kubernetes does not give an expression of this field: match conditions are
+    checked without the policy's variables, messages without the authorizer."""
+    if path.startswith("spec.match.conditions"):
+        return ("variables",)
+    if path.endswith(".messageExpression"):
+        return ("authorizer", "authorizer.requestResource")
+    return ()
+
+
+def _notes(compiled: CompiledPolicy, body: Mapping[str, Any]) -> list[Finding]:
+    policy = compiled.policy
+    notes = []
+    if policy.match.exclude_namespaces:
+        names = ", ".join(sorted(policy.match.exclude_namespaces))
+        notes.append(Finding("spec.match.excludeNamespaces", "a ValidatingAdmissionPolicy has none: add the "
+                                                             "namespaceSelector requirement {key: kubernetes.io/"
+                                                             f"metadata.name, operator: NotIn, values: [{names}]}}"))
+    for i, rule in enumerate(policy.match.resources):
+        for entry in rule.resources:
+            resource, _, subresource = entry.partition("/")
+            if subresource == "*" and resource not in rule.resources:
+                notes.append(Finding(f"spec.match.resources[{i}].resources",
+                                     f"{entry!r} in a ValidatingAdmissionPolicy rule also matches {resource!r} "
+                                     "itself: exclude it with excludeResourceRules"))
+    if compiled.coverage is not None and compiled.coverage.kinds:
+        notes.append(Finding("spec.podControllers", "this policy also judges the Pod templates of "
+                                                    f"{', '.join(compiled.coverage.kinds)}; a ValidatingAdmission"
+                                                    "Policy on Pods judges Pods only"))
+    raw = body.get("spec", {}).get("validations") or []
+    notes += [Finding(f"spec.validations[{i}].reason", "unset: a denial is 403 Forbidden here but 422 Invalid from "
+                                                       "a ValidatingAdmissionPolicy; set it to keep the code")
+              for i, validation in enumerate(raw)
+              if isinstance(validation, Mapping) and "reason" not in validation and "plugin" not in validation]
+    if policy.report_admission:
+        notes.append(Finding("spec.reportAdmission", "the reports are this operator's (a ValidatingAdmission"
+                                                     "Policy's Audit action writes to the API server's audit log)"))
+    return notes
+
+
+class KubernetesCel:
+    """Kubernetes' CEL environment as far as this project has it: cel-go's extensions Kubernetes
+    has, and the given libraries but those marked "ours"; the variables of a ValidatingAdmission
+    Policy, typed as ``cel`` declares them."""
+
+    def __init__(self, libraries: Sequence[cellib.Library]) -> None:
+        self.libraries = tuple(library for library in libraries if library.since != "ours")
+        self._environments: dict[tuple[str, tuple[str, ...]], Any] = {}
+
+    def recent(self) -> list[cellib.Library]:
+        """The libraries that came after BASELINE."""
+        return [library for library in self.libraries
+                if library.functions and _version(library.since) > _version(BASELINE)]
+
+    def compile_error(self, source: str, left_out: str = "", hidden: tuple[str, ...] = ()) -> str | None:
+        """Why ``source`` does not compile here, without library ``left_out`` and the ``hidden``
+        variables; or None."""
+        try:
+            self._environment(left_out, hidden).compile(source)
+        except RuntimeError as exc:
+            found = _ERROR.search(str(exc))
+            if found is None:
+                return f"does not compile in Kubernetes' CEL environment: {exc}"
+            message = found[3].replace(" (in container '')", "")
+            return f"(line {found[1]}, column {found[2]}) not in Kubernetes' CEL environment: {message}"
+        return None
+
+    def _environment(self, left_out: str, hidden: tuple[str, ...]) -> Any:
+        key = (left_out, hidden)
+        if key not in self._environments:
+            functions = [declared for library in self.libraries if library.name != left_out
+                         for declared in library.functions]
+            extensions = [ext_strings.ExtStrings(), ext_optional.ExtOptional(), ext_bindings.ExtBindings(),
+                          ext_encoders.ExtEncoders(), ext_math.ExtMath(), cellib.extension(functions)]
+            variables = {name: _TYPES.get(name, cel.Type.DYN) for name in VARIABLES if name not in hidden}
+            self._environments[key] = cel.NewEnv(descriptor_pool=cellib.pool(), variables=variables,
+                                                 extensions=extensions, functions=cellib.declarations(functions))
+        return self._environments[key]
+
+
+@functools.cache
+def kubernetes_cel() -> KubernetesCel:
+    """The environment of the libraries this project has (built once: about 30 ms each)."""
+    return KubernetesCel(cellib.libraries())
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """"1.33" → (1, 33); anything else counts as the baseline."""
+    try:
+        return tuple(int(part) for part in text.split("."))
+    except ValueError:
+        return _version(BASELINE)
