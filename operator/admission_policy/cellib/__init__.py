@@ -17,7 +17,12 @@ _MODULES: Final = ("net", "urls", "regex", "semver", "formats", "quantity", "lis
 
 
 def libraries() -> tuple[Library, ...]:
-    return tuple(importlib.import_module(f"{__name__}.{module}").LIBRARY for module in _MODULES)
+    """Each module's ``LIBRARY``, and its ``OURS`` where it has this project's additions apart."""
+    found: list[Library] = []
+    for name in _MODULES:
+        module = importlib.import_module(f"{__name__}.{name}")
+        found += [module.LIBRARY] + ([module.OURS] if hasattr(module, "OURS") else [])
+    return tuple(found)
 
 
 def functions() -> list[Function]:

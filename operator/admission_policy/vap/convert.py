@@ -73,37 +73,12 @@ def convert(objects: Iterable[tuple[str, Mapping[str, Any]]]) -> Conversion:
     Objects of other API groups (the params, say) are not converted: the AdmissionPolicies read
     the same params from the cluster."""
     result = Conversion()
-    policies: dict[str, Policy] = {}
-    unreadable: set[str] = set()     # policies already reported: their bindings are not, again
-    bindings: list[Binding] = []
-    for source, body in objects:
-        version = version_of(body)
-        if version is None:
-            continue
-        origin = origin_of(source, body)
-        if origin.kind not in (POLICY, BINDING):
-            result.problem(origin, "", f"not converted: only {POLICY} and {BINDING} objects are")
-        elif version not in VERSIONS:
-            result.problem(origin, "apiVersion", f"{GROUP}/{version} is not one of "
-                                                 f"{', '.join(f'{GROUP}/{v}' for v in VERSIONS)}")
-        else:
-            try:
-                if origin.kind == BINDING:
-                    bindings.append(read_binding(source, body, version))
-                elif origin.name in policies:
-                    result.problem(origin, "metadata.name", f"is also the name of the {POLICY} in "
-                                                            f"{policies[origin.name].origin.source}")
-                else:
-                    policies[origin.name] = read_policy(source, body)
-            except Invalid as exc:
-                result.problem(origin, exc.path, exc.message)
-                if origin.kind == POLICY:
-                    unreadable.add(origin.name)
+    policies, bindings, unreadable = _read_all(objects, result)
     bound: set[str] = set()
     for binding in bindings:
         policy = policies.get(binding.policy_name)
         if policy is None:
-            if binding.policy_name not in unreadable:
+            if binding.policy_name not in unreadable:   # else the policy's own line says why
                 result.problem(binding.origin, "spec.policyName",
                                f"no {POLICY} named {binding.policy_name!r} among the inputs")
             continue
@@ -114,6 +89,38 @@ def convert(objects: Iterable[tuple[str, Mapping[str, Any]]]) -> Conversion:
             result.notices.append(f"{policy.origin}: no binding names it, so Kubernetes does not enforce it; "
                                   "nothing is written for it")
     return result
+
+
+def _read_all(objects: Iterable[tuple[str, Mapping[str, Any]]], result: Conversion,
+              ) -> tuple[dict[str, Policy], list[Binding], set[str]]:
+    """The policies by name, the bindings, and the names of the policies that could not be read."""
+    policies: dict[str, Policy] = {}
+    bindings: list[Binding] = []
+    unreadable: set[str] = set()
+    for source, body in objects:
+        version = version_of(body)
+        if version is None:
+            continue
+        origin = origin_of(source, body)
+        if origin.kind not in (POLICY, BINDING):
+            result.problem(origin, "", f"not converted: only {POLICY} and {BINDING} objects are")
+        elif version not in VERSIONS:
+            result.problem(origin, "apiVersion", f"{GROUP}/{version} is not one of "
+                                                 f"{', '.join(f'{GROUP}/{v}' for v in VERSIONS)}")
+        elif origin.kind == POLICY and origin.name in policies:
+            result.problem(origin, "metadata.name", f"is also the name of the {POLICY} in "
+                                                    f"{policies[origin.name].origin.source}")
+        else:
+            try:
+                if origin.kind == BINDING:
+                    bindings.append(read_binding(source, body, version))
+                else:
+                    policies[origin.name] = read_policy(source, body)
+            except Invalid as exc:
+                result.problem(origin, exc.path, exc.message)
+                if origin.kind == POLICY:
+                    unreadable.add(origin.name)
+    return policies, bindings, unreadable
 
 
 def _convert_pair(policy: Policy, binding: Binding, result: Conversion) -> None:
