@@ -28,16 +28,16 @@ AVAILABLE: Final = hasattr(os, "fork")
 _OK, _ERROR = 0, 1
 
 
-def evaluate(expression: CompiledExpression, activation: Any, seconds: float) -> Any:
+def evaluate(expression: CompiledExpression, activation: Any, seconds: float, *, plain: bool = True) -> Any:
     """``expression.evaluate(activation)``, in a child: its value or CelEvaluationError; a child
     that runs out of memory or time is an evaluation error that says so."""
     if not AVAILABLE:
-        return expression.evaluate(activation)
+        return expression.evaluate(activation, plain=plain)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:   # the child: never returns
         os.close(read)
-        _child(expression, activation, write)
+        _child(expression, activation, write, plain)
     os.close(write)
     try:
         data, finished = _collect(read, time.monotonic() + max(seconds, 0.0))
@@ -62,7 +62,7 @@ def evaluate(expression: CompiledExpression, activation: Any, seconds: float) ->
     return value
 
 
-def _child(expression: CompiledExpression, activation: Any, pipe: int) -> None:
+def _child(expression: CompiledExpression, activation: Any, pipe: int, plain: bool) -> None:
     code = 1
     try:
         with open("/proc/self/oom_score_adj", "w") as adj:   # the cgroup's OOM killer takes the child first
@@ -74,7 +74,7 @@ def _child(expression: CompiledExpression, activation: Any, pipe: int) -> None:
         if mapped:
             resource.setrlimit(resource.RLIMIT_AS, (mapped + MEMORY, mapped + MEMORY))
         try:
-            result: tuple[int, Any] = (_OK, expression.evaluate(activation))
+            result: tuple[int, Any] = (_OK, expression.evaluate(activation, plain=plain))
         except CelEvaluationError as error:
             result = (_ERROR, error.message)
         data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)

@@ -961,3 +961,19 @@ def test_an_unexpected_failure_inside_a_policy_never_escapes(monkeypatch: pytest
         decision = decide([policy(failurePolicy=failure_policy, validations=[{"expression": "true"}])], request(pod()))
         assert decision.allowed is allowed
         assert "internal error: KeyError" in decision.outcomes[0].errors[0]
+
+
+@pytest.mark.parametrize("apart", [False, True], ids=["in-process", "in-a-child"])
+def test_a_variable_holding_an_opaque_value_keeps_its_type(apart: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``variables.q.isLessThan(…)`` as in a ValidatingAdmissionPolicy: a quantity, an IP bound
+    as a variable are not their text to the expressions that read them (nor from a child process)."""
+    if apart:   # every policy over its budget: evaluated in a forked child, values pickled back
+        monkeypatch.setattr("admission_policy.engine.evaluation.POLICY_BUDGET", -1)
+    p = policy(variables=[{"name": "q", "expression": "quantity('1500m')"},
+                          {"name": "ip", "expression": "ip('10.0.0.1')"}],
+               validations=[{"expression": "variables.q.isLessThan(quantity('1'))",
+                             "messageExpression": "'family ' + string(variables.ip.family()) + ', integer: ' + "
+                                                  "string(variables.q.isInteger())"}])
+    decision = decide([p], request(pod()))
+    assert (decision.allowed, decision.message) == (False, 'AdmissionPolicy "p" denied the request: family 4, integer: '
+                                                           'false')

@@ -11,6 +11,7 @@ The field is an implementation detail (``ip(x).state`` reads it); the docs do no
 """
 from __future__ import annotations
 
+import copyreg
 import dataclasses
 import functools
 from typing import Any, Final
@@ -78,7 +79,15 @@ def opaque(name: str) -> Opaque:
     if name not in NAMES:
         raise KeyError(f"{name} is not one of Kubernetes' CEL types declared here")
     message = message_factory.GetMessageClass(pool().FindMessageTypeByName(name))
+    # Picklable by name (the generated class is not importable): a value crosses from the child
+    # process a costly policy runs in (``celfork``) like any other.
+    copyreg.pickle(message, lambda value: (value_of, (name, str(value.state))))
     return Opaque(name, cel.Type(name), message)
+
+
+def value_of(name: str, state: str) -> Any:
+    """A value of the opaque type ``name`` with that canonical text."""
+    return opaque(name).of(state)
 
 
 def to_plain(value: Any) -> Any:

@@ -631,7 +631,8 @@ class _Scope:
         self.failed: dict[str, tuple[str, str]] = {}   # (path, message): no exception, see _variable
         self.activation: Any = None   # with ``values`` as ``variables``
 
-    def evaluate(self, expression: CompiledExpression) -> Any:
+    def evaluate(self, expression: CompiledExpression, *, plain: bool = True) -> Any:
+        """``plain=False`` for a variable: its opaque values stay typed for the expressions that read it."""
         self.run.check_deadline(expression.path)
         names = self.policy.variables if expression.variables is None else expression.variables
         if any(name not in self.values for name in names):
@@ -646,8 +647,8 @@ class _Scope:
                 self.activation = new_activation({**self.run.bindings(self.policy), "variables": dict(self.values)})
             activation = self.activation
         if self.apart:
-            return celfork.evaluate(expression, activation, self.run.time_left())
-        return expression.evaluate(activation)
+            return celfork.evaluate(expression, activation, self.run.time_left(), plain=plain)
+        return expression.evaluate(activation, plain=plain)
 
     def _variable(self, name: str) -> None:
         if name in self.values:
@@ -655,7 +656,7 @@ class _Scope:
         if name in self.failed:
             raise CelEvaluationError(*self.failed[name])
         try:
-            value = self.evaluate(self.policy.variables[name])
+            value = self.evaluate(self.policy.variables[name], plain=False)
         except CelEvaluationError as error:
             # Kept as text: an exception kept here would hold, through its traceback, this scope
             # and its activation (megabytes for a large object) in a cycle until a full GC.
