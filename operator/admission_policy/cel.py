@@ -4,8 +4,9 @@ cel-expr-python reports most runtime errors as values of type ERROR and a few (t
 budget) as exceptions; both, and any other exception (``MemoryError`` included), become
 ``CelEvaluationError`` here, so nothing escapes to callers.
 
-A program is compiled (parsed and type-checked) as written, then its ``map``/``filter``
-accumulations are rewritten to cost linear time and memory (``celast.linearize``), and its cost
+A program is compiled (parsed and type-checked) as written, then rewritten to compute what
+Kubernetes' cel-go computes where the C++ runtime differs (``cellib.compat``), its ``map``/``filter``
+accumulations to cost linear time and memory (``celast.linearize``), and its cost
 is estimated (``celcost``). Kubernetes refuses no ValidatingAdmissionPolicy for its estimated
 cost, so neither is one refused here for what it would cost on a large object; only an
 expression that is unbounded by construction is: one whose estimate on an object of one
@@ -18,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final, Literal
 
 from cel_expr_python import cel
@@ -26,7 +27,7 @@ from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 
 from . import celast, celcost, cellib
 from .api import Expression
-from .cellib import regex, rewrite
+from .cellib import compat, lists, regex, rewrite
 
 VARIABLES: Final = ("object", "oldObject", "request", "namespaceObject", "params", "context", "variables",
                     "authorizer", "authorizer.requestResource")
@@ -73,30 +74,6 @@ class CelEvaluationError(Exception):
         self.message = message
 
 
-def _sum(items: Any) -> int | float:
-    """Kubernetes' ``list.sum()`` over numbers: an int for ints, else a double (quantities are)."""
-    values = list(items)
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-        raise ValueError("sum() adds numbers only (convert quantities with quantity(), strings with int())")
-    if all(isinstance(v, int) for v in values):
-        return int(sum(values))
-    return float(sum(values))
-
-
-def _overload(name: str, result: cel.Type, params: list[cel.Type], impl: Any, member: bool = False) -> Any:
-    return cel.FunctionDecl(name, [cel.Overload(
-        f"{name}_{'_'.join(p.name().lower() for p in params)}",
-        return_type=result, parameters=params, is_member=member, impl=impl)])
-
-
-def _kubernetes_library() -> cel.CelExtension:
-    """Kubernetes' lists library's ``sum()``: totals over a context list (replicas x requests)
-    have no other spelling."""
-    return cel.CelExtension("kubernetes", [
-        _overload("sum", cel.Type.DYN, [cel.Type.List(cel.Type.DYN)], _sum, member=True),
-    ])
-
-
 # Environments from the lightest to the fullest, each created when an expression first needs it.
 # Every extension is a native module of its own (ext_math and ext_encoders: ~5 MB of RSS between
 # them), and the Python-backed Kubernetes functions make every evaluation of a program about twice
@@ -105,43 +82,61 @@ def _kubernetes_library() -> cel.CelExtension:
 _TIERS: Final = 3
 
 
+def new_environment(functions: Sequence[cellib.Function], extra: Sequence[cel.CelExtensionBase] = (),
+                    hidden: Collection[str] = ()) -> cel.Env:
+    """An environment of Kubernetes' CEL (``compat`` makes cel-expr-python's base Kubernetes'),
+    with ``functions`` from ``cellib``, the ``extra`` extensions and every policy variable but the
+    ``hidden`` ones. ``vap.portability`` builds Kubernetes' own with it, without our additions."""
+    extensions: list[cel.CelExtensionBase] = [ext_strings.ExtStrings(version=2), ext_optional.ExtOptional(),
+                                              compat.extension(), *extra]
+    others = [declared for declared in functions if declared.name not in compat.ORDERING_NAMES]
+    extensions.append(cellib.extension(others))
+    return cel.NewEnv(descriptor_pool=cellib.pool(), config=cel.NewEnvConfigFromYaml(compat.CONFIG),
+                      variables={name: _VARIABLE_TYPES.get(name, cel.Type.DYN) for name in VARIABLES
+                                 if name not in hidden},
+                      extensions=extensions, functions=[*cellib.declarations(others), *compat.declarations(functions)],
+                      function_impls={**cellib.implementations(others), **compat.implementations(functions)})
+
+
 @functools.cache
-def _environment(tier: int, runtime: bool = False) -> cel.Env:
-    """The environment expressions are checked in; ``runtime``: the same plus cel's ``lists``
-    extension, whose ``flatten()`` linearized programs call (users cannot: their expressions
-    are checked without it, and ``lists.range(n)`` would allocate whatever n says)."""
-    extensions: list[cel.CelExtensionBase] = [ext_strings.ExtStrings(), ext_optional.ExtOptional(),
-                                              ext_bindings.ExtBindings()]
+def _environment(tier: int) -> cel.Env:
+    """The environment of tier ``tier`` (see _TIERS)."""
+    extra: list[cel.CelExtensionBase] = [ext_bindings.ExtBindings()]   # cel.bind: ours, not Kubernetes'
     if tier >= 1:
         from cel_expr_python.ext import ext_encoders, ext_math
-        extensions += [ext_encoders.ExtEncoders(), ext_math.ExtMath()]
-    functions: list[cellib.Function] = []
-    if tier >= 2:
-        functions = cellib.functions()
-        extensions += [_kubernetes_library(), cellib.extension(functions)]
-    config = cel.NewEnvConfigFromYaml("extensions:\n  - name: lists\n") if runtime else None
-    return cel.NewEnv(descriptor_pool=cellib.pool(), config=config,
-                      variables={name: _VARIABLE_TYPES.get(name, cel.Type.DYN) for name in VARIABLES},
-                      extensions=extensions, functions=cellib.declarations(functions),
-                      function_impls=cellib.implementations(functions))
+        extra += [ext_encoders.ExtEncoders(), ext_math.ExtMath()]
+    # Kubernetes' lists library runs as native loops (``lists.expand``): in every environment, so
+    # that ``x.indexOf(y)`` means the same wherever it compiles.
+    return new_environment(cellib.functions() if tier >= 2 else list(lists.LIBRARY.functions), extra)
+
+
+def check(environment: cel.Env, source: str) -> Any:
+    """Parse and type-check ``source`` in ``environment`` as Kubernetes would: the checked
+    program, or RuntimeError with the checker's message."""
+    checked_program = environment.compile(compat.respell(source))
+    problem = compat.check(celast.Checked.decode(checked_program.serialize()))
+    if problem is not None:   # worded as the checker's own errors
+        raise RuntimeError(problem)
+    return checked_program
 
 
 def _build(source: str, tier: int) -> tuple[Any, celast.Checked]:
     """The program to run, and the tree it was checked as (for estimates)."""
-    checked_program = _environment(tier).compile(source)
+    checked_program = check(_environment(tier), source)
     serialized = checked_program.serialize()
     tree, linear = celast.Checked.decode(serialized), celast.Checked.decode(serialized)
-    # The rewrite of optional results first: linearize copies nodes under ids the checker never saw.
-    if not (rewrite.optional_results(linear) | celast.inline_bound_maps(linear) | celast.linearize(linear)):
+    # The rewrite of optional results first: the others copy nodes under ids the checker never saw.
+    if not (rewrite.optional_results(linear) | compat.rewrite(linear) | celast.inline_bound_maps(linear)
+            | celast.linearize(linear)):
         return checked_program, tree
-    return _environment(tier, runtime=True).deserialize(linear.encode()), tree
+    return _environment(tier).deserialize(linear.encode()), tree
 
 
 @functools.lru_cache(maxsize=256)
 def _tree(source: str, tier: int) -> celast.Checked:
     """The checked tree of an expression, for the estimates of large requests
     (rebuilt rather than held: a thousand policies' trees would take tens of MB)."""
-    return celast.Checked.decode(_environment(tier).compile(source).serialize())
+    return celast.Checked.decode(_environment(tier).compile(compat.respell(source)).serialize())
 
 
 @dataclasses.dataclass(eq=False)
@@ -176,8 +171,10 @@ class CompiledExpression:
         """(cost, result) for a request of at most ``sizes`` (``celcost``)."""
         return celcost.estimate(_tree(self.expression.source, self.tier), sizes, variables, context)
 
-    def evaluate(self, activation: Any) -> Any:
-        """The plain Python result, or CelEvaluationError; never another exception."""
+    def evaluate(self, activation: Any, *, plain: bool = True) -> Any:
+        """The plain Python result, or CelEvaluationError; never another exception. ``plain=False``
+        keeps opaque values (``net.IP``, ``kubernetes.Quantity`` …) as they are, for a variable
+        whose value other expressions call methods on."""
         # The error is raised after the ``except`` blocks, not inside them: raised there, it would
         # keep the C++ core's exception as its context, whose traceback holds the activation
         # (and its arena, megabytes for a large object) in a reference cycle until a full GC.
@@ -187,13 +184,15 @@ class CompiledExpression:
                 self.program = _build(self.expression.source, self.tier)[0]
             result = self.program.eval(activation)
             failed = result.type() == cel.Type.ERROR
-            value = str(result.value()) if failed else cellib.to_plain(result.plain_value())
+            value = str(result.value()) if failed else result.plain_value()
+            if plain and not failed:
+                value = cellib.to_plain(value)
         except MemoryError:
             problem = "ran out of memory (the expression builds too much)"
         except Exception as exc:   # RuntimeError from the C++ core, and anything else: never escapes
             problem = explain(_clean(str(exc)))
         if problem is None and failed:
-            problem = explain(_clean(value))
+            problem = explain(compat.translate(_clean(value)))
         if problem is not None:
             raise CelEvaluationError(self.path, problem)
         if self.kind == "bool" and not isinstance(value, bool):

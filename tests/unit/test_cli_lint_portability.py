@@ -2,7 +2,6 @@
 which field or expression stops it; what ports only with a translation is a note."""
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,6 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from admission_policy import cellib
 from admission_policy.cli import main
 from admission_policy.operator.store import load_policy
 from admission_policy.vap.portability import BASELINE, KubernetesCel, Portability, portability
@@ -34,24 +32,6 @@ def verdict(policy: dict[str, Any], environment: KubernetesCel | None = None) ->
     return portability(load_policy(policy, "Fail"), policy, environment)
 
 
-# The quantity library mixes Kubernetes' functions with this project's additions; as Kubernetes
-# 1.28 has it, without them (what a Library marked "ours" would hold).
-OURS = frozenset({"_<_", "_<=_", "_>_", "_>=_", "formatQuantity"})
-
-
-def split_quantity() -> KubernetesCel:
-    libraries = []
-    for library in cellib.libraries():
-        if library.name == "quantity":
-            theirs = tuple(f for f in library.functions if f.name not in OURS)
-            ours = tuple(f for f in library.functions if f.name in OURS)
-            libraries += [dataclasses.replace(library, functions=theirs),
-                          cellib.Library("quantity-extras", "ours", ours)]
-        else:
-            libraries.append(library)
-    return KubernetesCel(libraries)
-
-
 @pytest.mark.parametrize(("spec", "blockers"), [
     pytest.param({}, [], id="validations only"),
     pytest.param({"mutations": [{"merge": {"metadata": {"labels": {"a": "b"}}}}]}, ["spec.mutations"],
@@ -64,6 +44,16 @@ def split_quantity() -> KubernetesCel:
                  ["spec.context"], id="context"),
     pytest.param({"variables": [{"name": "q", "expression": "formatQuantity(quantity('1.5'))"}]},
                  ["spec.variables[0].expression"], id="formatQuantity"),
+    pytest.param({"variables": [{"name": "b", "expression": "base64.encode(b'x')"}]},
+                 ["spec.variables[0].expression"], id="encoders"),
+    pytest.param({"variables": [{"name": "m", "expression": "math.greatest([1, 2])"}]},
+                 ["spec.variables[0].expression"], id="math"),
+    pytest.param({"variables": [{"name": "b", "expression": "cel.bind(n, object.metadata.name, n + n)"}]},
+                 ["spec.variables[0].expression"], id="cel.bind"),
+    # What Kubernetes has beyond cel-expr-python's base: cross-type comparisons, ext lists, sets.
+    pytest.param({"variables": [{"name": "k", "expression": "[1, 2].sum() < 2.5 && [3, 1].sort() == [1, 3] && "
+                                                            "sets.contains([1, 2], [1]) && [1].existsOne(x, x == 1)"}]},
+                 [], id="kubernetes extensions"),
     pytest.param({"match": {"resources": [SECRETS], "conditions": [
         {"name": "big", "expression": "quantity(object.data.size) > quantity('1Gi')"}]}},
                  ["spec.match.conditions[0].expression"], id="< on quantities"),
@@ -82,14 +72,14 @@ def split_quantity() -> KubernetesCel:
                                    "reason": "Forbidden"}]}, [], id="authorizer in a validation"),
 ])
 def test_what_stops_a_policy(spec: dict[str, Any], blockers: list[str]) -> None:
-    found = verdict(body(**spec), split_quantity())
+    found = verdict(body(**spec))
     assert [finding.path for finding in found.blockers] == blockers
     assert found.portable is not blockers
 
 
 def test_a_blocking_expression_names_the_function_and_column() -> None:
     found = verdict(body(variables=[{"name": "q", "expression": "string(formatQuantity(quantity('1')))"}]),
-                    split_quantity())
+                    )
     assert [str(finding) for finding in found.blockers] == [
         "spec.variables[0].expression: (line 1, column 22) not in Kubernetes' CEL environment: "
         "undeclared reference to 'formatQuantity'"]

@@ -18,6 +18,15 @@ _CLUSTER_KINDS: Final = frozenset({
     "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration",
 })
 _OPTIONS: Final = {"CREATE": "CreateOptions", "UPDATE": "UpdateOptions", "DELETE": "DeleteOptions"}
+# Workload versions Kubernetes has since removed, with the Pod template where v1 has it. The
+# operator registers its webhooks with matchPolicy Equivalent, so a cluster that served one of
+# these converted the request to v1 before sending it; offline, an old manifest (Kyverno's test
+# cases have batch/v1beta1 CronJobs) is judged as that request, not left matching no rule.
+_EQUIVALENT: Final[Mapping[tuple[str, str, str], str]] = {
+    **{("batch", version, "CronJob"): "v1" for version in ("v1beta1", "v2alpha1")},
+    **{("apps", version, kind): "v1" for version in ("v1beta1", "v1beta2")
+       for kind in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet")},
+}
 _uids = itertools.count(1)
 
 
@@ -55,15 +64,17 @@ def build_review(
     if body is None:
         raise ValueError(f"{operation} needs an object (or oldObject)")
     metadata = body.get("metadata") or {}
-    gvr = dict(resource) if resource else resource_of(body)
+    sent = dict(resource) if resource else resource_of(body)
     group, _, version = str(body.get("apiVersion", "v1")).rpartition("/")
-    namespace = "" if body.get("kind") in _CLUSTER_KINDS else metadata.get("namespace", "default")
+    kind = str(body.get("kind", ""))
+    converted = _EQUIVALENT.get((group, version, kind), version) if not resource else version
+    namespace = "" if kind in _CLUSTER_KINDS else metadata.get("namespace", "default")
     request: dict[str, Any] = {
         "uid": f"cli-{next(_uids):06d}",
-        "kind": {"group": group, "version": version, "kind": body.get("kind", "")},
-        "resource": gvr,
-        "requestKind": {"group": group, "version": version, "kind": body.get("kind", "")},
-        "requestResource": gvr,
+        "kind": {"group": group, "version": converted, "kind": kind},
+        "resource": {**sent, "version": converted},
+        "requestKind": {"group": group, "version": version, "kind": kind},
+        "requestResource": sent,
         "name": metadata.get("name", ""),
         "namespace": namespace,
         "operation": operation,

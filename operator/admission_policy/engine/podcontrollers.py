@@ -29,27 +29,21 @@ JOB_TEMPLATE: Final[Location] = ("spec", "jobTemplate", "spec", "template")
 
 @dataclasses.dataclass(frozen=True)
 class Controller:
-    """A workload kind with a Pod template. ``versions`` are every version Kubernetes has served
-    it at in its group, all with the template at ``location``: a live API server converts a
-    request to the version the webhook registered (matchPolicy Equivalent), but an offline
-    ``admission-policy test`` sees a manifest as written, and an old ``batch/v1beta1`` CronJob
-    would otherwise match no rule and pass unjudged (Kyverno's auto-gen matches the kind in any
-    version)."""
     kind: str
     group: str
-    versions: tuple[str, ...]
+    version: str
     resource: str
     location: Location
 
 
 CONTROLLERS: Final[tuple[Controller, ...]] = (
-    Controller("Deployment", "apps", ("v1", "v1beta2", "v1beta1"), "deployments", POD_TEMPLATE),
-    Controller("ReplicaSet", "apps", ("v1", "v1beta2"), "replicasets", POD_TEMPLATE),
-    Controller("StatefulSet", "apps", ("v1", "v1beta2", "v1beta1"), "statefulsets", POD_TEMPLATE),
-    Controller("DaemonSet", "apps", ("v1", "v1beta2"), "daemonsets", POD_TEMPLATE),
-    Controller("Job", "batch", ("v1",), "jobs", POD_TEMPLATE),
-    Controller("CronJob", "batch", ("v1", "v1beta1", "v2alpha1"), "cronjobs", JOB_TEMPLATE),
-    Controller("ReplicationController", "", ("v1",), "replicationcontrollers", POD_TEMPLATE),
+    Controller("Deployment", "apps", "v1", "deployments", POD_TEMPLATE),
+    Controller("ReplicaSet", "apps", "v1", "replicasets", POD_TEMPLATE),
+    Controller("StatefulSet", "apps", "v1", "statefulsets", POD_TEMPLATE),
+    Controller("DaemonSet", "apps", "v1", "daemonsets", POD_TEMPLATE),
+    Controller("Job", "batch", "v1", "jobs", POD_TEMPLATE),
+    Controller("CronJob", "batch", "v1", "cronjobs", JOB_TEMPLATE),
+    Controller("ReplicationController", "", "v1", "replicationcontrollers", POD_TEMPLATE),
 )
 KINDS: Final = tuple(controller.kind for controller in CONTROLLERS)
 BY_RESOURCE: Final[Mapping[tuple[str, str], Controller]] = {(c.group, c.resource): c for c in CONTROLLERS}
@@ -102,14 +96,13 @@ def _operations(rule: api.ResourceRule) -> tuple[str, ...]:
 
 
 def controller_rules(policy: api.AdmissionPolicy, controllers: Iterable[Controller]) -> tuple[api.ResourceRule, ...]:
-    """The rules for these workloads in each version they were served at, with the operations
-    the policy's Pod rules name."""
+    """The rules for these workloads, with the operations the policy's Pod rules name."""
     operations = sorted({op for rule in pod_rules(policy) for op in _operations(rule)})
-    by_group: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    by_group: dict[str, list[str]] = {}
     for controller in controllers:
-        by_group.setdefault((controller.group, controller.versions), []).append(controller.resource)
-    return tuple(api.ResourceRule((group,), versions, tuple(resources), tuple(operations))
-                 for (group, versions), resources in by_group.items())
+        by_group.setdefault(controller.group, []).append(controller.resource)
+    return tuple(api.ResourceRule((group,), ("v1",), tuple(resources), tuple(operations))
+                 for group, resources in by_group.items())
 
 
 def already_matched(policy: api.AdmissionPolicy, controller: Controller) -> bool:

@@ -18,21 +18,15 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from cel_expr_python import cel
-from cel_expr_python.ext import ext_bindings, ext_encoders, ext_math, ext_optional, ext_strings
-
 from .. import cellib
-from ..cel import VARIABLES
+from ..cel import check, new_environment
 from ..engine import CompiledPolicy
 
 # ValidatingAdmissionPolicy is GA (admissionregistration.k8s.io/v1) from Kubernetes 1.30.
 BASELINE: Final = "1.30"
+_ERROR: Final = re.compile(r"<input>:(\d+):(\d+): (.*)")
 # As ``cel`` declares them (``context`` too: an expression reading it is not reported twice, since
 # spec.context is).
-_TYPES: Final = {"authorizer": cellib.opaque("kubernetes.authorization.Authorizer").type,
-                 "authorizer.requestResource": cellib.opaque("kubernetes.authorization.ResourceCheck").type}
-_ERROR: Final = re.compile(r"<input>:(\d+):(\d+): (.*)")
-
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
@@ -149,7 +143,7 @@ class KubernetesCel:
         """Why ``source`` does not compile here, without library ``left_out`` and the ``hidden``
         variables; or None."""
         try:
-            self._environment(left_out, hidden).compile(source)
+            check(self._environment(left_out, hidden), source)
         except RuntimeError as exc:
             found = _ERROR.search(str(exc))
             if found is None:
@@ -163,11 +157,7 @@ class KubernetesCel:
         if key not in self._environments:
             functions = [declared for library in self.libraries if library.name != left_out
                          for declared in library.functions]
-            extensions = [ext_strings.ExtStrings(), ext_optional.ExtOptional(), ext_bindings.ExtBindings(),
-                          ext_encoders.ExtEncoders(), ext_math.ExtMath(), cellib.extension(functions)]
-            variables = {name: _TYPES.get(name, cel.Type.DYN) for name in VARIABLES if name not in hidden}
-            self._environments[key] = cel.NewEnv(descriptor_pool=cellib.pool(), variables=variables,
-                                                 extensions=extensions, functions=cellib.declarations(functions))
+            self._environments[key] = new_environment(functions, hidden=hidden)
         return self._environments[key]
 
 

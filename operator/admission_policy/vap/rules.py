@@ -127,7 +127,7 @@ def condition(rules: Sequence[Rule], resource: str = ROUTED) -> str:
     terms = [rule_condition(rule, "res" if resource == SENT else resource) for rule in rules]
     text = "true" if "true" in terms else " || ".join(_group(term) for term in terms) if len(terms) > 1 else terms[0]
     if resource == SENT and text != "true":
-        return f"cel.bind(res, {SENT}, {text})"
+        return f"[{SENT}].exists(res, {text})"   # a binding Kubernetes has (cel.bind is ours)
     return text
 
 

@@ -63,7 +63,7 @@ def object_condition(selector: Selector) -> str:
     terms += [_requirement(requirement) for requirement in selector.expressions]
     matches = " && ".join(f"({term})" if " || " in term else term for term in terms) or "true"
     return ("[object, oldObject].exists(o, o != null && has(o.metadata) && "
-            f"cel.bind(l, o.metadata.?labels.orValue({{}}), {matches}))")
+            f"[o.metadata.?labels.orValue({{}})].exists(l, {matches}))")   # a binding Kubernetes has
 
 
 def _requirement(requirement: Requirement) -> str:
