@@ -43,7 +43,8 @@ _DNS_SUBDOMAIN: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-
 
 
 def _state(data: Any) -> str:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    # ASCII: a request's strings may hold lone surrogates (JSON allows "\ud800"), which UTF-8 cannot.
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
 def _subject(value: Any) -> Subject:

@@ -72,6 +72,7 @@ class CompiledPolicy:
     mutations: tuple[CompiledMutation, ...]
     validation_batch: CompiledExpression | None = None   # see _validation_batch
     reads_managed_fields: bool = False   # see evaluation._bound
+    reads_authorizer: bool = False       # bound only for the policies that name it (see evaluation)
     # Estimated cost of all expressions by request sizes (rounded up to powers of two): see cost().
     costs: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict, repr=False)
     # Pod controllers (``podcontrollers``): a Pod policy holds the policies derived from it for the
@@ -190,6 +191,7 @@ def compile_policy(policy: api.AdmissionPolicy, *, registry: plugin_api.Registry
         gated_off=gated_off,
         validation_batch=None if any(p for *_, p in validations) else _validation_batch(policy),
         reads_managed_fields=any("managedFields" in e.source for e in policy.expressions()),
+        reads_authorizer=any("authorizer" in e.source for e in policy.expressions()),
         policy=policy,
         conditions=tuple((name, _ok(c)) for name, c in conditions),
         variables={name: _ok(v) for name, v in variables.items()},

@@ -208,10 +208,10 @@ class _Run:
         self.object: Any = request.object
         self.records: dict[str, tuple[CompiledPolicy, _Record]] = {}
         self.evaluations = 0
-        # Shared by every policy while the object stays the same, keyed by reads_managed_fields and
-        # the Pod template read as the object (podcontrollers): an activation converts each value
+        # Shared by every policy while the object stays the same, keyed by reads_managed_fields,
+        # the Pod template read as the object (podcontrollers) and reads_authorizer: an activation converts each value
         # for CEL once, on first read, and a Pod is ~40 µs.
-        self.activations: dict[tuple[bool, tuple[str, ...]], Any] = {}
+        self.activations: dict[tuple[bool, tuple[str, ...], bool], Any] = {}
         self.deadline, self.clock = deadline, clock
         self.started = clock() if deadline is not None else 0.0
         self._bounds: dict[bool, celcost.Sizes | str] = {}   # see sizes()
@@ -535,17 +535,18 @@ class _Run:
             "namespaceObject": _bound(self.namespace_object, full),
             "params": self.param,
             "context": self.context,
-            **self.authorizer,
+            **(self.authorizer if policy.reads_authorizer else {}),
         }
 
     @functools.cached_property
     def authorizer(self) -> dict[str, Any]:
-        """``authorizer`` and ``authorizer.requestResource``: the requester, the request's resource."""
+        """``authorizer`` and ``authorizer.requestResource``: the requester, the request's resource
+        (made once a request, for the policies that name ``authorizer``: most never do)."""
         return authz.bindings(self.request.raw)
 
     def activation(self, policy: CompiledPolicy) -> Any:
         """The shared activation, for programs that bind their own variables (or read none)."""
-        key = (policy.reads_managed_fields, policy.template)
+        key = (policy.reads_managed_fields, policy.template, policy.reads_authorizer)
         if key not in self.activations:
             self.activations[key] = new_activation({**self.bindings(policy), "variables": {}})
         return self.activations[key]
