@@ -1,6 +1,6 @@
 """The engine alone, no HTTP: what one admission request costs, and where the time goes.
 
-    python bench/engine_micro.py [--seconds 2] [--generated 1000]
+    python bench/engine_micro.py [--seconds 2] [--generated 1000] [--against REV]
 
 The split uses only public functions, without editing product code:
 
@@ -17,6 +17,11 @@ The split uses only public functions, without editing product code:
 
 Also: compile time, memory and per-request lookup cost with many non-matching policies, and
 the memory a fresh interpreter takes for the imports alone.
+
+``--against REV`` prints only the Pod Security Pod CREATE (``evaluate()`` per request) of this
+tree and of the package at git revision REV (checked out in a temporary worktree, imported in
+a child process), measured in turns in the same run, and their ratio: that a change to the
+CEL environment costs that path nothing.
 """
 from __future__ import annotations
 
@@ -24,10 +29,13 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -100,9 +108,9 @@ class Recorder:
             recorder.bindings.append(dict(data))
             return activation
 
-        def evaluate_expression(expression: cel.CompiledExpression, activation: Any) -> Any:
+        def evaluate_expression(expression: cel.CompiledExpression, activation: Any, **options: Any) -> Any:
             recorder.runs.append((expression, recorder._activations[id(activation)]))
-            return original_eval(expression, activation)
+            return original_eval(expression, activation, **options)
 
         setattr(evaluation_module, "new_activation", new_activation)  # noqa: B010
         setattr(cel.CompiledExpression, "evaluate", evaluate_expression)  # noqa: B010
@@ -284,12 +292,50 @@ def rss_mb_self() -> float:
     return rss_mb(os.getpid()) or 0.0
 
 
+def pss_pod_us(seconds: float) -> float:
+    """evaluate() of the Pod Security set on its compliant Pod CREATE, per request."""
+    pss = PolicySet(compile_all(policies.example_set("pss")))
+    request = parse_review(reviews.pss_pod_create())
+    assert evaluate(pss, request, NAMESPACE, Phase.VALIDATE).allowed
+    return per_call_us(lambda: evaluate(pss, request, NAMESPACE, Phase.VALIDATE), seconds)
+
+
+def against(revision: str, seconds: float, turns: int = 3) -> dict[str, Any]:
+    """The PSS Pod path here and at ``revision``, in alternating child processes (see module doc)."""
+    repo = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory(prefix="engine-micro-") as scratch:
+        worktree = Path(scratch) / "base"
+        subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", "-q", str(worktree), revision],
+                       check=True)
+        try:
+            packages = {"here": repo / "operator", revision: worktree / "operator"}
+            figures: dict[str, list[float]] = {label: [] for label in packages}
+            for _ in range(turns):
+                for label, package in packages.items():
+                    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package), str(repo / "bench")])}
+                    out = subprocess.run([sys.executable, __file__, "--pss-only", "--seconds", str(seconds)],
+                                         env=env, capture_output=True, text=True, check=True).stdout
+                    figures[label].append(json.loads(out)["pss_pod_us"])
+        finally:
+            subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(worktree)], check=True)
+    here, base = statistics.median(figures["here"]), statistics.median(figures[revision])
+    return {"pss_pod_us": {"here": round(here, 1), revision: round(base, 1)}, "ratio": round(here / base, 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=1.0, help="timing per measured function")
     parser.add_argument("--generated", type=int, default=1000)
+    parser.add_argument("--against", metavar="REV", help="only the PSS Pod path, here and at git revision REV")
+    parser.add_argument("--pss-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     pin(SERVER_CORE)
+    if args.pss_only:
+        emit(pss_pod_us=pss_pod_us(args.seconds))
+        return
+    if args.against:
+        emit(**against(args.against, args.seconds))
+        return
     pss = PolicySet(compile_all(policies.example_set("pss")))
     mutation = PolicySet(compile_all(policies.example_set("mutation")))
     pod_review = breakdown(pss, reviews.pss_pod_create(), Phase.VALIDATE, args.seconds)

@@ -20,7 +20,6 @@ import contextlib
 import contextvars
 import dataclasses
 import json
-import re
 import secrets
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final, Protocol
@@ -182,13 +181,18 @@ class Asking:
 
     def unanswered(self, errors: Iterable[str]) -> tuple[Check, ...]:
         """The checks asked without an answer, in the order asked: those recorded here, and
-        those named by ``errors`` (the evaluation's error texts, a child process's included)."""
+        those named by ``errors`` (the evaluation's error texts, a child process's included).
+        Every request passes here: a plain search, no pattern to compile, when nothing erred."""
         found = dict(self.missing)
-        pattern = re.compile(rf"\[{self.token}:([A-Za-z0-9_=-]+)\]")
+        marker = f"[{self.token}:"
         for text in errors:
-            for encoded in pattern.findall(text):
+            start = text.find(marker)
+            while start >= 0:
+                end = text.find("]", start)
+                encoded = text[start + len(marker):end if end >= 0 else len(text)]
                 with contextlib.suppress(ValueError, KeyError, TypeError, binascii.Error):
                     found[Check.from_json(json.loads(base64.urlsafe_b64decode(encoded)))] = None
+                start = text.find(marker, start + 1)
         return tuple(found)
 
 

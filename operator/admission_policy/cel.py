@@ -154,6 +154,7 @@ class CompiledExpression:
     tier: int = 0                     # the environment it compiles in
     cost: float = 0.0                 # estimated for a request of UNIT sizes
     result: celcost.Value = celcost.SCALAR   # what it returns, estimated likewise
+    opaque: bool = True               # its type may hold an opaque value (cellib.to_plain has work)
 
     @property
     def path(self) -> str:
@@ -185,7 +186,7 @@ class CompiledExpression:
             result = self.program.eval(activation)
             failed = result.type() == cel.Type.ERROR
             value = str(result.value()) if failed else result.plain_value()
-            if plain and not failed:
+            if plain and not failed and self.opaque:
                 value = cellib.to_plain(value)
         except MemoryError:
             problem = "ran out of memory (the expression builds too much)"
@@ -247,7 +248,7 @@ def compile_expression(expression: Expression, kind: ResultKind = "any", *,
     if cost > limit:
         raise CelCompileError(expression.path, unbounded(cost, limit))
     return CompiledExpression(expression, program, kind, referenced_variables(expression.source), tier,
-                              cost, result)
+                              cost, result, cellib.may_hold_opaque(program.return_type()))
 
 
 def unbounded(cost: float, limit: float) -> str:

@@ -11,7 +11,7 @@ import importlib
 from typing import Final
 
 from .library import Function, Library, Overload, declarations, extension, function, implementations, overload
-from .types import opaque, pool, to_plain
+from .types import may_hold_opaque, opaque, pool, to_plain
 
 _MODULES: Final = ("net", "urls", "regex", "semver", "formats", "quantity", "lists", "authz")
 
@@ -30,4 +30,4 @@ def functions() -> list[Function]:
 
 
 __all__ = ["Function", "Library", "Overload", "declarations", "extension", "function", "functions", "implementations",
-           "libraries", "opaque", "overload", "pool", "to_plain"]
+           "libraries", "may_hold_opaque", "opaque", "overload", "pool", "to_plain"]

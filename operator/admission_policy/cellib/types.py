@@ -90,9 +90,23 @@ def value_of(name: str, state: str) -> Any:
     return opaque(name).of(state)
 
 
+def may_hold_opaque(type_: cel.Type) -> bool:
+    """Whether a value of this checked type can be or hold an opaque value (``dyn`` can)."""
+    name = type_.name()
+    return type_.is_message() or "DYN" in name or any(full in name for full in NAMES)
+
+
+_SCALARS: Final = (str, bool, int, float, bytes, type(None))
+
+
 def to_plain(value: Any) -> Any:
-    """A CEL result with every opaque value replaced by its canonical text (JSON can carry it)."""
+    """A CEL result with every opaque value replaced by its canonical text (JSON can carry it).
+    Every request's results pass here: a list of scalars is returned as it is, uncopied."""
+    if isinstance(value, _SCALARS):
+        return value
     if isinstance(value, list):
+        if all(isinstance(item, _SCALARS) for item in value):
+            return value
         return [to_plain(item) for item in value]
     if isinstance(value, dict):
         return {to_plain(key): to_plain(item) for key, item in value.items()}
