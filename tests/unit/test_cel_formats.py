@@ -144,6 +144,8 @@ INVALID = [
     ("uri", "https://[1.2.3.4]/", uri("https://[1.2.3.4]/", "invalid IP-literal")),
     ("uri", "https://[v1.x]/", uri("https://[v1.x]/", 'invalid host: ParseAddr("v1.x"): unexpected character '
                                                       '(at "v1.x")')),
+    ("uri", "http://[%ff::1]/", uri("http://[%ff::1]/", r'invalid host: ParseAddr("\xff::1"): each colon-separated '
+                                                        r'field must have at least one digit (at "\xff::1")')),
     ("uri", "http://%41:8080/", uri("http://%41:8080/", 'invalid URL escape "%41"')),
     ("uri", "http://x/%zz", uri("http://x/%zz", 'invalid URL escape "%zz"')),
     ("uri", "http://x/%zé", uri("http://x/%zé", r'invalid URL escape "%z\xc3"')),   # Go cuts bytes, not runes

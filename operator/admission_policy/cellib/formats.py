@@ -20,41 +20,15 @@ from typing import Any, Final, NoReturn
 
 from cel_expr_python import cel
 
+from .gostrings import quote
 from .library import Library, function, overload
-from .net import NetipError, parse_addr
 from .types import opaque
+from .urls import UrlError, parse_request_uri
 
 NAMED_FORMAT: Final = opaque("kubernetes.NamedFormat")
 
 
-# --- Go's text conventions ------------------------------------------------------------------
-
-_GO_ESCAPES: Final = {"\a": r"\a", "\b": r"\b", "\f": r"\f", "\n": r"\n", "\r": r"\r", "\t": r"\t", "\v": r"\v",
-                      "\\": r"\\", '"': r"\""}
-
-
-def go_quote(text: str) -> str:
-    """``text`` as Go's ``strconv.Quote`` (``%q``) writes it; a byte that is not UTF-8, which
-    ``surrogateescape`` decoding keeps as a lone surrogate, is written ``\\xNN`` as Go does."""
-    out = []
-    for char in text:
-        code = ord(char)
-        if char in _GO_ESCAPES:
-            out.append(_GO_ESCAPES[char])
-        elif code < 0x20 or code == 0x7F:
-            out.append(f"\\x{code:02x}")
-        elif 0xDC80 <= code <= 0xDCFF:
-            out.append(f"\\x{code - 0xDC00:02x}")
-        elif char.isprintable():
-            out.append(char)
-        else:
-            out.append(f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
-    return '"' + "".join(out) + '"'
-
-
-def _text(data: bytes) -> str:
-    return data.decode("utf-8", "surrogateescape")
-
+# --- Go's strings are bytes ------------------------------------------------------------------
 
 def _byte_length(text: str) -> int:
     return len(text.encode("utf-8", "surrogateescape"))
@@ -158,7 +132,9 @@ def _prefix(validate: Callable[[str], list[str]]) -> Callable[[str], list[str]]:
     As Kubernetes' ``maskTrailingDash`` does, the last *two* bytes are replaced by one "a"."""
     def masked(value: str) -> list[str]:
         raw = value.encode("utf-8", "surrogateescape")
-        return validate(_text(raw[:-2] + b"a") if len(raw) > 1 and raw.endswith(b"-") else value)
+        if len(raw) > 1 and raw.endswith(b"-"):
+            return validate((raw[:-2] + b"a").decode("utf-8", "surrogateescape"))
+        return validate(value)
     return masked
 
 
@@ -196,136 +172,6 @@ def is_datetime(value: str) -> bool:
     return found is not None and found[1] <= "23" and found[2] <= "59" and found[3] <= "59"
 
 
-# --- Go's url.ParseRequestURI ----------------------------------------------------------------
-
-_LETTERS: Final = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-_HOST_BYTES: Final = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-                               b"-_.~!$&'()*+,;=:[]<>\"")
-_USERINFO_BYTES: Final = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-                                   b"-._:~!$&'()*+,;=%@")
-_HEX: Final = frozenset(b"0123456789abcdefABCDEF")
-
-
-class _UrlError(Exception):
-    """Why Go's parser stops (the text after ``parse "<url>": ``)."""
-
-
-def _unescape(data: bytes, mode: str = "") -> bytes:
-    """Go's ``unescape``: percent escapes must be whole; a host ("host", "zone") also refuses
-    ASCII that would need escaping, and escapes of ASCII but for "%25"."""
-    if not mode and b"%" not in data:   # a path without escapes (long ones are common)
-        return data
-    out, index = bytearray(), 0
-    while index < len(data):
-        byte = data[index]
-        if byte == ord("%"):
-            escape = data[index:index + 3]
-            if len(escape) < 3 or not set(escape[1:]) <= _HEX:
-                raise _UrlError(f"invalid URL escape {go_quote(_text(escape))}")
-            value = int(escape[1:], 16)
-            if mode == "host" and value < 0x80 and escape != b"%25":
-                raise _UrlError(f"invalid URL escape {go_quote(_text(escape))}")
-            if mode == "zone" and escape != b"%25" and value != 0x20 and value not in _HOST_BYTES:
-                raise _UrlError(f"invalid URL escape {go_quote(_text(escape))}")
-            out.append(value)
-            index += 3
-            continue
-        if mode and byte < 0x80 and byte not in _HOST_BYTES:
-            raise _UrlError(f"invalid character {go_quote(chr(byte))} in host name")
-        out.append(byte)
-        index += 1
-    return bytes(out)
-
-
-def _valid_port(colon_port: bytes) -> bool:
-    """Empty, or ":" and digits (maybe none)."""
-    return not colon_port or (colon_port[:1] == b":" and all(0x30 <= byte <= 0x39 for byte in colon_port[1:]))
-
-
-def _parse_host(scheme: bytes, host: bytes) -> None:
-    opening = host.rfind(b"[")
-    if opening > 0:
-        raise _UrlError("invalid IP-literal")
-    if opening == 0:   # [IPv6]:port, with an optional zone: [fe80::1%25en0]
-        closing = host.rfind(b"]")
-        if closing < 0:
-            raise _UrlError("missing ']' in host")
-        if not _valid_port(host[closing + 1:]):
-            raise _UrlError(f"invalid port {go_quote(_text(host[closing + 1:]))} after host")
-        name = host[1:closing]
-        zone = name.find(b"%25")
-        address = (_unescape(name[:zone], "host") + _unescape(name[zone:], "zone") if zone >= 0
-                   else _unescape(name, "host"))
-        try:
-            is_ipv4 = parse_addr(_text(address)).is4
-        except NetipError as error:
-            raise _UrlError(f"invalid host: {error}") from None
-        if is_ipv4:   # brackets hold IPv6 addresses only
-            raise _UrlError("invalid IP-literal")
-        return
-    colon = host.find(b":")
-    if colon >= 0:
-        # More than one colon: http(s) hosts are strict (the first starts the port), others
-        # are lists of hosts (the last starts the port).
-        if scheme not in (b"http", b"https"):
-            colon = host.rfind(b":")
-        if not _valid_port(host[colon:]):
-            raise _UrlError(f"invalid port {go_quote(_text(host[colon:]))} after host")
-    _unescape(host, "host")
-
-
-def _parse_authority(scheme: bytes, authority: bytes) -> None:
-    at = authority.rfind(b"@")
-    _parse_host(scheme, authority[at + 1:])
-    if at < 0:
-        return
-    userinfo = authority[:at]
-    if not set(userinfo) <= _USERINFO_BYTES:
-        raise _UrlError("net/url: invalid userinfo")
-    for part in userinfo.split(b":", 1):
-        _unescape(part)
-
-
-def _scheme(raw: bytes) -> tuple[bytes, bytes]:
-    """(scheme, rest): a scheme is a letter, then letters, digits, "+", "-" or "."; then ":"."""
-    for index, byte in enumerate(raw):
-        if byte in _LETTERS or (index > 0 and byte in b"0123456789+-."):
-            continue
-        if byte == ord(":"):
-            if index == 0:
-                raise _UrlError("missing protocol scheme")
-            return raw[:index].lower(), raw[index + 1:]
-        break
-    return b"", raw
-
-
-def request_uri_error(text: str) -> str | None:
-    """The error of Go's ``url.ParseRequestURI(text)`` (an absolute URI, or an absolute path),
-    or None. Go 1.26's rules: strict colons in http(s) hosts, IPv6 only in brackets."""
-    raw = text.encode()
-    try:
-        if any(byte < 0x20 or byte == 0x7F for byte in raw):
-            raise _UrlError("net/url: invalid control character in URL")
-        if not raw:
-            raise _UrlError("empty url")
-        if raw == b"*":
-            return None
-        scheme, rest = _scheme(raw)
-        rest = rest[:-1] if rest.endswith(b"?") and rest.count(b"?") == 1 else rest.partition(b"?")[0]
-        if not rest.startswith(b"/"):
-            if scheme:   # scheme:opaque (mailto:someone), which Go does not look into
-                return None
-            raise _UrlError("invalid URI for request")
-        if scheme and rest.startswith(b"//"):
-            authority, slash, path = rest[2:].partition(b"/")
-            _parse_authority(scheme, authority)
-            rest = slash + path
-        _unescape(rest)
-    except _UrlError as error:
-        return f"parse {go_quote(text)}: {error}"
-    return None
-
-
 # --- the CEL functions ---------------------------------------------------------------------
 
 def _one(message: str, test: Callable[[str], bool]) -> Callable[[str], list[str]]:
@@ -333,8 +179,12 @@ def _one(message: str, test: Callable[[str], bool]) -> Callable[[str], list[str]
 
 
 def _uri(value: str) -> list[str]:
-    error = request_uri_error(value)
-    return [] if error is None else [error]
+    """Go's ``url.ParseRequestURI`` accepts it (an absolute URI, or an absolute path)."""
+    try:
+        parse_request_uri(value.encode())
+    except UrlError as error:
+        return [str(error)]
+    return []
 
 
 # Each name of ``format.named``, and ``format.<name>()``, with its validation.
@@ -371,7 +221,7 @@ def _errors(named_format: Any, value: str) -> list[str]:
     """What is wrong with ``value``: the empty list (the zero value: none) when nothing is."""
     name = NAMED_FORMAT.state(named_format)
     if name not in FORMATS:   # a message built by hand: kubernetes.NamedFormat{state: "…"}
-        raise ValueError(f"unknown format {go_quote(name)}")
+        raise ValueError(f"unknown format {quote(name)}")
     return FORMATS[name](value)
 
 

@@ -5,7 +5,8 @@ cel-cpp writes ``string(1.0/0.0)`` as ``inf`` (Go: ``+Inf``), ``string(duration(
 ``charAt``/``substring`` errors read differently, its ``indexOf`` and ``lastIndexOf`` refuse an
 offset past the end (cel-go 0.26, Kubernetes 1.34's, answers -1), and ``''.split('')`` is
 ``['']`` (Go: ``[]``). ``compat`` routes those calls here. Errors are ``ValueError`` with
-cel-go's message.
+cel-go's message. ``quote`` (Go's ``%q``) also serves the libraries whose error texts quote
+their input as Go does.
 """
 from __future__ import annotations
 
@@ -87,20 +88,28 @@ def timestamp_text(value: str | datetime.datetime) -> str:
     return f"{stamp}.{fraction}Z" if fraction else f"{stamp}Z"
 
 
-def quote(text: str) -> str:
-    """Go's ``%q`` (strconv.Quote): printable characters as they are, the rest escaped."""
+def quote(text: str | bytes) -> str:
+    """Go's ``%q`` (strconv.Quote): printable characters as they are, the rest escaped.
+
+    Go's strings are bytes, and its errors quote whatever they were given: a byte that is not
+    UTF-8 is written ``\\xNN``. Such bytes reach here as ``bytes``, or as text decoded with
+    ``surrogateescape`` (which keeps each as a lone surrogate U+DC80-U+DCFF); both read the same.
+    """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "surrogateescape")
     out = ['"']
     for char in text:
+        code = ord(char)
         if char in _ESCAPES:
             out.append(_ESCAPES[char])
-        elif char.isprintable():
+        elif char.isprintable():   # Go's unicode.IsPrint: letters, marks, numbers, punctuation, symbols, ' '
             out.append(char)
-        elif ord(char) < 0x20 or ord(char) == 0x7F:
-            out.append(f"\\x{ord(char):02x}")
-        elif ord(char) < 0x10000:
-            out.append(f"\\u{ord(char):04x}")
+        elif 0xDC80 <= code <= 0xDCFF:
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\x{code:02x}")
         else:
-            out.append(f"\\U{ord(char):08x}")
+            out.append(f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
     return "".join(out) + '"'
 
 

@@ -63,6 +63,19 @@ def function(name: str, *overloads: Overload) -> Function:
     return Function(name, overloads)
 
 
+def accepts(convert: Callable[..., object], refusal: type[Exception] = ValueError) -> Callable[..., bool]:
+    """The implementation of a test such as ``isIP(s)`` from that of its conversion ``ip(s)``:
+    Kubernetes' tests answer exactly "would the conversion succeed", so they cannot drift apart.
+    Only ``refusal`` means "no"; any other error stays an error."""
+    def test(*args: Any) -> bool:
+        try:
+            convert(*args)
+        except refusal:
+            return False
+        return True
+    return test
+
+
 # Functions of the standard library that libraries add overloads to. The environment refuses a
 # second declaration of these ("declared multiple times"), so their overloads go in an extension,
 # which registers an implementation per overload: they cannot share a group (see the module doc).

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
 from typing import Any, Final
 
 from cel_expr_python import cel
 
-from .library import Function, Library, function, overload
+from .gostrings import quote
+from .library import Function, Library, accepts, function, overload
 from .types import opaque
 
 IP: Final = opaque("net.IP")
@@ -128,27 +128,9 @@ class NetipError(ValueError):
     """A string netip refuses; the message is Go's error text."""
 
 
-def _go_quote(text: str) -> str:
-    """``text`` as Go's ``strconv.Quote`` (and ``%q``) writes it."""
-    escapes = {"\a": r"\a", "\b": r"\b", "\f": r"\f", "\n": r"\n", "\r": r"\r", "\t": r"\t", "\v": r"\v",
-               "\\": r"\\", '"': r"\""}
-    out = []
-    for char in text:
-        code = ord(char)
-        if char in escapes:
-            out.append(escapes[char])
-        elif code < 0x20 or code == 0x7F:
-            out.append(f"\\x{code:02x}")
-        elif char.isprintable():
-            out.append(char)
-        else:
-            out.append(f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
-    return '"' + "".join(out) + '"'
-
-
 def _addr_error(text: str, message: str, at: str = "") -> NetipError:
-    where = f" (at {_go_quote(at)})" if at else ""
-    return NetipError(f"ParseAddr({_go_quote(text)}): {message}{where}")
+    where = f" (at {quote(at)})" if at else ""
+    return NetipError(f"ParseAddr({quote(text)}): {message}{where}")
 
 
 def parse_addr(text: str) -> Address:
@@ -251,7 +233,7 @@ def parse_prefix(text: str) -> Prefix:
     """``netip.ParsePrefix``: an address (no zone), '/', and a length written without sign or
     leading zero."""
     def error(message: str) -> NetipError:
-        return NetipError(f"netip.ParsePrefix({_go_quote(text)}): {message}")
+        return NetipError(f"netip.ParsePrefix({quote(text)}): {message}")
 
     slash = text.rfind("/")
     if slash < 0:
@@ -263,7 +245,7 @@ def parse_prefix(text: str) -> Prefix:
     if address.zone:
         raise error("IPv6 zones cannot be present in a prefix")
     length = text[slash + 1:]
-    bad_bits = error(f"bad bits after slash: {_go_quote(length)}")
+    bad_bits = error(f"bad bits after slash: {quote(length)}")
     if not length or not all("0" <= char <= "9" for char in length) or (len(length) > 1 and length[0] == "0"):
         raise bad_bits
     if len(length) > len(str(_INT64_MAX)) or int(length) > _INT64_MAX:   # strconv.Atoi's range error
@@ -281,11 +263,11 @@ def kubernetes_ip(text: str) -> Address:
     try:
         address = parse_addr(text)
     except NetipError as exc:
-        raise ValueError(f"IP Address {_go_quote(text)} parse error during conversion from string: {exc}") from None
+        raise ValueError(f"IP Address {quote(text)} parse error during conversion from string: {exc}") from None
     if address.zone:
-        raise ValueError(f"IP address {_go_quote(text)} with zone value is not allowed")
+        raise ValueError(f"IP address {quote(text)} with zone value is not allowed")
     if address.is4in6:
-        raise ValueError(f"IPv4-mapped IPv6 address {_go_quote(text)} is not allowed")
+        raise ValueError(f"IPv4-mapped IPv6 address {quote(text)} is not allowed")
     return address
 
 
@@ -299,7 +281,7 @@ def kubernetes_cidr(text: str) -> Prefix:
     except NetipError as exc:
         raise ValueError(f"{context}: {context}: {exc}") from None
     if prefix.address.is4in6:
-        raise ValueError(f"{context}: IPv4-mapped IPv6 address {_go_quote(text)} is not allowed")
+        raise ValueError(f"{context}: IPv4-mapped IPv6 address {quote(text)} is not allowed")
     return prefix
 
 
@@ -323,14 +305,6 @@ def _ip(text: str) -> Any:
 
 def _cidr(text: str) -> Any:
     return CIDR.of(kubernetes_cidr(text).text())
-
-
-def _is_valid(parse: Callable[[str], object], text: str) -> bool:
-    try:
-        parse(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _is_canonical(text: str) -> bool:
@@ -373,7 +347,7 @@ def _functions() -> tuple[Function, ...]:
         function("ip",
                  overload("string_to_ip", ip, [string], _ip),
                  overload("cidr_ip", ip, [cidr], lambda v: IP.of(_prefix(v).address.text()), member=True)),
-        function("isIP", overload("is_ip", boolean, [string], lambda text: _is_valid(kubernetes_ip, text))),
+        function("isIP", overload("is_ip", boolean, [string], accepts(kubernetes_ip))),
         function("ip.isCanonical", overload("ip_is_canonical", boolean, [string], _is_canonical)),
         _member("family", "ip_family", integer, [ip], lambda v: 4 if _address(v).is4 else 6),
         *(_member(name, overload_id, boolean, [ip], lambda v, test=test: test(_address(v)))
@@ -382,7 +356,7 @@ def _functions() -> tuple[Function, ...]:
         # declared: the runtime refuses a second string() over messages.
         function("string", overload("ip_to_string", string, [ip], _to_string)),
         function("cidr", overload("string_to_cidr", cidr, [string], _cidr)),
-        function("isCIDR", overload("is_cidr", boolean, [string], lambda text: _is_valid(kubernetes_cidr, text))),
+        function("isCIDR", overload("is_cidr", boolean, [string], accepts(kubernetes_cidr))),
         function("containsIP",
                  overload("cidr_contains_ip_string", boolean, [cidr, string], _contains_ip_text, member=True),
                  overload("cidr_contains_ip_ip", boolean, [cidr, ip],

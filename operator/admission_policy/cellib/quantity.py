@@ -31,7 +31,7 @@ from typing import Any, Final
 
 from cel_expr_python import cel
 
-from .library import Function, Library, function, overload
+from .library import Function, Library, accepts, function, overload
 from .types import opaque
 
 QUANTITY: Final = opaque("kubernetes.Quantity")
@@ -125,9 +125,10 @@ def _interpret(suffix: str) -> tuple[int, int]:
     if suffix in _BINARY_SI:
         return 2, _BINARY_SI[suffix]
     if len(suffix) > 1 and suffix[0] in "eE" and _EXPONENT.fullmatch(suffix[1:]):
-        digits = suffix[1:].lstrip("+-").lstrip("0")
-        if len(digits) <= 19 and _INT64_MIN <= int(suffix[1:]) <= _INT64_MAX:   # Go's ParseInt(…, 64)
-            return 10, _int32(int(suffix[1:]))
+        sign, digits = ("-" if suffix[1] == "-" else ""), suffix[1:].lstrip("+-").lstrip("0") or "0"
+        # Go's ParseInt(…, 64) on the digits without their leading zeros ("1e0…01" is 1e1).
+        if len(digits) <= 19 and _INT64_MIN <= int(sign + digits) <= _INT64_MAX:
+            return 10, _int32(int(sign + digits))
     raise QuantityError(SUFFIX)
 
 
@@ -168,14 +169,6 @@ def _exponent(value: Decimal) -> int:
     exponent = value.as_tuple().exponent
     assert isinstance(exponent, int)   # quantities are finite
     return exponent
-
-
-def is_quantity(text: str) -> bool:
-    try:
-        parse_quantity(text)
-    except QuantityError:
-        return False
-    return True
 
 
 # --- the canonical text -----------------------------------------------------------------------
@@ -236,14 +229,6 @@ def as_integer(value: Decimal) -> int:
     return int(value)
 
 
-def _is_integer(value: Decimal) -> bool:
-    try:
-        as_integer(value)
-    except ValueError:
-        return False
-    return True
-
-
 def _format_double(number: float) -> str:
     """formatQuantity of a double, as before quantities were their own type: whole numbers as
     digits, else millis when exact, else nanos (kept so that such policies read the same)."""
@@ -280,10 +265,12 @@ def _functions() -> tuple[Function, ...]:
     minus = _binary(lambda a, b: of(add(a, b.copy_negate())))
     return (
         function("quantity", overload("string_to_quantity", q, [string], _quantity)),
-        function("isQuantity", overload("is_quantity_string", boolean, [string], is_quantity)),
+        function("isQuantity", overload("is_quantity_string", boolean, [string],
+                                        accepts(parse_quantity, QuantityError))),
         # Kubernetes declares sign() as a global function, not a method: sign(q), not q.sign().
         function("sign", overload("quantity_sign", integer, [q], _unary(lambda value: compare(value, Decimal(0))))),
-        function("isInteger", overload("quantity_is_integer", boolean, [q], _unary(_is_integer), member=True)),
+        function("isInteger", overload("quantity_is_integer", boolean, [q], _unary(accepts(as_integer)),
+                                       member=True)),
         function("asInteger", overload("quantity_get_int", integer, [q], _unary(as_integer), member=True)),
         function("asApproximateFloat", overload("quantity_get_float", double, [q], _unary(float), member=True)),
         function("isGreaterThan", overload("quantity_is_greater_than", boolean, [q, q],

@@ -15,8 +15,8 @@ from typing import Any, Final
 
 from cel_expr_python import cel
 
-from .formats import go_quote  # Go's %q, which blang/semver's errors quote with
-from .library import Library, function, overload
+from .gostrings import quote  # Go's %q, which blang/semver's errors quote with
+from .library import Library, accepts, function, overload
 from .types import opaque
 
 SEMVER: Final = opaque("kubernetes.Semver")
@@ -73,18 +73,18 @@ def _has_leading_zero(text: str) -> bool:
 def _uint64(digits: str) -> int:
     """Go's ``strconv.ParseUint(digits, 10, 64)``, with its error texts."""
     if not digits:
-        raise ValueError(f"strconv.ParseUint: parsing {go_quote(digits)}: invalid syntax")
+        raise ValueError(f"strconv.ParseUint: parsing {quote(digits)}: invalid syntax")
     # Compared as text first: Python refuses to convert more than 4,300 digits.
     if len(digits.lstrip("0")) > len(str(_UINT64_MAX)) or int(digits) > _UINT64_MAX:
-        raise ValueError(f"strconv.ParseUint: parsing {go_quote(digits)}: value out of range")
+        raise ValueError(f"strconv.ParseUint: parsing {quote(digits)}: value out of range")
     return int(digits)
 
 
 def _number(text: str, name: str) -> int:
     if not _only(text, _DIGITS):
-        raise ValueError(f"Invalid character(s) found in {name.lower()} number {go_quote(text)}")
+        raise ValueError(f"Invalid character(s) found in {name.lower()} number {quote(text)}")
     if _has_leading_zero(text):
-        raise ValueError(f"{name} number must not contain leading zeroes {go_quote(text)}")
+        raise ValueError(f"{name} number must not contain leading zeroes {quote(text)}")
     return _uint64(text)
 
 
@@ -93,11 +93,11 @@ def _prerelease_identifier(text: str) -> int | str:
         raise ValueError("Prerelease is empty")
     if _only(text, _DIGITS):
         if _has_leading_zero(text):
-            raise ValueError(f"Numeric PreRelease version must not contain leading zeroes {go_quote(text)}")
+            raise ValueError(f"Numeric PreRelease version must not contain leading zeroes {quote(text)}")
         return _uint64(text)
     if _only(text, _ALPHANUMERIC):
         return text
-    raise ValueError(f"Invalid character(s) found in prerelease {go_quote(text)}")
+    raise ValueError(f"Invalid character(s) found in prerelease {quote(text)}")
 
 
 def parse(text: str) -> Version:
@@ -117,7 +117,7 @@ def parse(text: str) -> Version:
         if not part:
             raise ValueError("Build meta data is empty")
         if not _only(part, _ALPHANUMERIC):
-            raise ValueError(f"Invalid character(s) found in build meta data {go_quote(part)}")
+            raise ValueError(f"Invalid character(s) found in build meta data {quote(part)}")
     return Version(major, minor, patch, identifiers)
 
 
@@ -148,14 +148,6 @@ def _semver(text: str, normalize: bool = False) -> Any:
     return SEMVER.of(version.text())
 
 
-def _is_semver(text: str, normalize: bool = False) -> bool:
-    try:
-        _semver(text, normalize)
-    except ValueError:
-        return False
-    return True
-
-
 def _as_int64(number: int) -> int:
     """Kubernetes returns the uint64 numbers as CEL ints by Go's conversion, which wraps."""
     return number - 2**64 if number >= 2**63 else number
@@ -172,8 +164,8 @@ LIBRARY: Final = Library("semver", "1.33", functions=(
              overload("string_to_semver", _V, [_S], _semver),
              overload("string_bool_to_semver", _V, [_S, _B], _semver)),
     function("isSemver",
-             overload("is_semver_string", _B, [_S], _is_semver),
-             overload("is_semver_string_bool", _B, [_S, _B], _is_semver)),
+             overload("is_semver_string", _B, [_S], accepts(_semver)),
+             overload("is_semver_string_bool", _B, [_S, _B], accepts(_semver))),
     function("isGreaterThan", overload("semver_is_greater_than", _B, [_V, _V], lambda a, b: _compare(a, b) == 1,
                                        member=True)),
     function("isLessThan", overload("semver_is_less_than", _B, [_V, _V], lambda a, b: _compare(a, b) == -1,

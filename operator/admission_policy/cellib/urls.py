@@ -16,12 +16,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import unicodedata
 from typing import Any, Final
 
 from cel_expr_python import cel
 
-from .library import Library, function, overload
+from .gostrings import quote
+from .library import Library, accepts, function, overload
+from .net import NetipError, parse_addr
 from .types import opaque
 
 URL: Final = opaque("kubernetes.URL")
@@ -43,51 +44,6 @@ class _Mode(enum.Enum):
 
 class UrlError(ValueError):
     """A string Go's parser refuses; the message is Go's error text."""
-
-
-# --- Go's text helpers -------------------------------------------------------------------------
-
-def go_quote(data: bytes) -> str:
-    """Go's ``strconv.Quote``: how Go's errors print the text they quote (a byte that is not
-    UTF-8 as ``\\xff``, a non-printable rune as ``\\u…``)."""
-    out = ['"']
-    index = 0
-    while index < len(data):
-        rune, width = _decode_rune(data, index)
-        if rune is None:
-            out.append(f"\\x{data[index]:02x}")
-        else:
-            out.append(_quote_rune(rune))
-        index += width
-    out.append('"')
-    return "".join(out)
-
-
-def _decode_rune(data: bytes, index: int) -> tuple[int | None, int]:
-    """(the rune at index, its width), or (None, 1) where the bytes are not UTF-8."""
-    for width in (1, 2, 3, 4):
-        try:
-            text = data[index:index + width].decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        return ord(text), width
-    return None, 1
-
-
-_ESCAPES: Final = {0x07: "\\a", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t", 0x0B: "\\v"}
-
-
-def _quote_rune(rune: int) -> str:
-    char = chr(rune)
-    if char in '"\\':
-        return "\\" + char
-    if char == " " or unicodedata.category(char)[0] in "LMNPS":   # Go's unicode.IsPrint
-        return char
-    if rune in _ESCAPES:
-        return _ESCAPES[rune]
-    if rune < 0x20 or rune == 0x7F:
-        return f"\\x{rune:02x}"
-    return f"\\u{rune:04x}" if rune < 0x10000 else f"\\U{rune:08x}"
 
 
 # --- escaping ------------------------------------------------------------------------------------
@@ -126,18 +82,18 @@ def _unescape(text: bytes, mode: _Mode) -> bytes:
         byte = text[index]
         if byte == ord("%"):
             if index + 2 >= len(text) or text[index + 1] not in _HEX or text[index + 2] not in _HEX:
-                raise UrlError("invalid URL escape " + go_quote(text[index:index + 3]))
+                raise UrlError("invalid URL escape " + quote(text[index:index + 3]))
             escape = text[index:index + 3]
             value = int(escape[1:], 16)
             if mode is _Mode.HOST and value < 0x80 and escape != b"%25":
-                raise UrlError("invalid URL escape " + go_quote(escape))
+                raise UrlError("invalid URL escape " + quote(escape))
             if (mode is _Mode.ZONE and escape != b"%25" and value != ord(" ")
                     and _should_escape(value, _Mode.HOST)):
-                raise UrlError("invalid URL escape " + go_quote(escape))
+                raise UrlError("invalid URL escape " + quote(escape))
             index += 3
             continue
         if mode in (_Mode.HOST, _Mode.ZONE) and byte < 0x80 and _should_escape(byte, mode):
-            raise UrlError(f"invalid character {go_quote(bytes([byte]))} in host name")
+            raise UrlError(f"invalid character {quote(bytes([byte]))} in host name")
         index += 1
     out = bytearray()
     index = 0
@@ -164,104 +120,15 @@ def _escape(text: bytes, mode: _Mode) -> bytes:
     return bytes(out)
 
 
-def _valid_encoded(text: bytes, mode: _Mode) -> bool:
-    """Whether text holds only bytes Go leaves as they are in that part (so it can stand as
-    the part's own spelling)."""
-    return all(byte in b"!$&'()*+,;=:@[]%" or not _should_escape(byte, mode) for byte in text)
-
-
-# --- IP literals ---------------------------------------------------------------------------------
-
-def _addr_error(given: bytes, message: str, at: bytes = b"") -> UrlError:
-    where = f" (at {go_quote(at)})" if at else ""
-    return UrlError(f"invalid host: ParseAddr({go_quote(given)}): {message}{where}")
-
-
-def _is_ipv4(text: bytes) -> bool:
-    """Go's ``netip.ParseAddr`` as far as a bracketed host needs it: True for an IPv4 address,
-    False for an IPv6 one, UrlError (Go's message) for anything else."""
-    for byte in text:
-        if byte == ord("."):
-            _check_ipv4(text, text)
-            return True
-        if byte == ord(":"):
-            _check_ipv6(text)
-            return False
-        if byte == ord("%"):
-            raise _addr_error(text, "missing IPv6 address")
-    raise _addr_error(text, "unable to parse IP")
-
-
-def _check_ipv4(given: bytes, part: bytes) -> None:
-    value = digits = dots = 0
-    for index, byte in enumerate(part):
-        if 0x30 <= byte <= 0x39:
-            if digits == 1 and value == 0:
-                raise _addr_error(given, "IPv4 field has octet with leading zero")
-            value, digits = value * 10 + byte - 0x30, digits + 1
-            if value > 255:
-                raise _addr_error(given, "IPv4 field has value >255")
-        elif byte == ord("."):
-            if index == 0 or index == len(part) - 1 or part[index - 1] == ord("."):
-                raise _addr_error(given, "IPv4 field must have at least one digit", part[index:])
-            if dots == 3:
-                raise _addr_error(given, "IPv4 address too long")
-            dots, value, digits = dots + 1, 0, 0
-        else:
-            raise _addr_error(given, "unexpected character", part[index:])
-    if dots < 3:
-        raise _addr_error(given, "IPv4 address too short")
-
-
-def _check_ipv6(given: bytes) -> None:
-    rest, _, zone = given.partition(b"%")
-    if b"%" in given and not zone:
-        raise _addr_error(given, "zone must be a non-empty string")
-    ellipsis = -1
-    if rest.startswith(b"::"):
-        ellipsis, rest = 0, rest[2:]
-        if not rest:
-            return
-    filled = 0
-    while filled < 16:
-        count = value = 0
-        while count < len(rest) and rest[count] in _HEX:
-            value = value * 16 + int(rest[count:count + 1], 16)
-            if count > 3:
-                raise _addr_error(given, "each group must have 4 or less digits", rest)
-            count += 1
-        if count == 0:
-            raise _addr_error(given, "each colon-separated field must have at least one digit", rest)
-        if count < len(rest) and rest[count] == ord("."):
-            if ellipsis < 0 and filled != 12:
-                raise _addr_error(given, "embedded IPv4 address must replace the final 2 fields of the address",
-                                  rest)
-            if filled + 4 > 16:
-                raise _addr_error(given, "too many hex fields to fit an embedded IPv4 at the end of the address",
-                                  rest)
-            _check_ipv4(given, rest)
-            rest, filled = b"", filled + 4
-            break
-        filled, rest = filled + 2, rest[count:]
-        if not rest:
-            break
-        if rest[0] != ord(":"):
-            raise _addr_error(given, "unexpected character, want colon", rest)
-        if len(rest) == 1:
-            raise _addr_error(given, "colon must be followed by more characters", rest)
-        rest = rest[1:]
-        if rest[0] == ord(":"):
-            if ellipsis >= 0:
-                raise _addr_error(given, "multiple :: in address", rest)
-            ellipsis, rest = filled, rest[1:]
-            if not rest:
-                break
-    if rest:
-        raise _addr_error(given, "trailing garbage after address", rest)
-    if filled < 16 and ellipsis < 0:
-        raise _addr_error(given, "address string too short")
-    if filled == 16 and ellipsis >= 0:
-        raise _addr_error(given, "the :: must expand to at least one field of zeros")
+def _spells(raw: bytes, decoded: bytes, mode: _Mode) -> bool:
+    """Whether ``raw``, a part as it was written, may stand for ``decoded``: Go keeps the
+    writer's spelling when it holds only bytes Go leaves as they are and decodes back to it."""
+    if not raw or not all(byte in b"!$&'()*+,;=:@[]%" or not _should_escape(byte, mode) for byte in raw):
+        return False
+    try:
+        return _unescape(raw, mode) == decoded
+    except UrlError:
+        return False
 
 
 # --- the parser ----------------------------------------------------------------------------------
@@ -282,23 +149,15 @@ class GoUrl:
     raw_fragment: bytes = b""
 
     def escaped_path(self) -> bytes:
-        if self.raw_path and _valid_encoded(self.raw_path, _Mode.PATH):
-            try:
-                if _unescape(self.raw_path, _Mode.PATH) == self.path:
-                    return self.raw_path
-            except UrlError:
-                pass
+        if _spells(self.raw_path, self.path, _Mode.PATH):
+            return self.raw_path
         if self.path == b"*":
             return b"*"
         return _escape(self.path, _Mode.PATH)
 
     def escaped_fragment(self) -> bytes:
-        if self.raw_fragment and _valid_encoded(self.raw_fragment, _Mode.FRAGMENT):
-            try:
-                if _unescape(self.raw_fragment, _Mode.FRAGMENT) == self.fragment:
-                    return self.raw_fragment
-            except UrlError:
-                pass
+        if _spells(self.raw_fragment, self.fragment, _Mode.FRAGMENT):
+            return self.raw_fragment
         return _escape(self.fragment, _Mode.FRAGMENT)
 
     def string(self) -> bytes:
@@ -391,7 +250,7 @@ def _parse_host(scheme: bytes, host: bytes) -> bytes:
             raise UrlError("missing ']' in host")
         colon_port = host[closing + 1:]
         if not _valid_port(colon_port):
-            raise UrlError(f"invalid port {go_quote(colon_port)} after host")
+            raise UrlError(f"invalid port {quote(colon_port)} after host")
         port = _unescape(colon_port, _Mode.HOST)
         name = host[1:closing]
         zone = name.find(b"%25")
@@ -399,7 +258,11 @@ def _parse_host(scheme: bytes, host: bytes) -> bytes:
             address = _unescape(name[:zone], _Mode.HOST) + _unescape(name[zone:], _Mode.ZONE)
         else:
             address = _unescape(name, _Mode.HOST)
-        if _is_ipv4(address):   # brackets are for IPv6 only (RFC 3986)
+        try:   # a byte that is not UTF-8 stays one character, which netip's error quotes as Go: \xNN
+            is_ipv4 = parse_addr(address.decode("utf-8", "surrogateescape")).is4
+        except NetipError as error:
+            raise UrlError(f"invalid host: {error}") from None
+        if is_ipv4:   # brackets are for IPv6 only (RFC 3986)
             raise UrlError("invalid IP-literal")
         return b"[" + address + b"]" + port
     colon = host.find(b":")
@@ -408,7 +271,7 @@ def _parse_host(scheme: bytes, host: bytes) -> bytes:
         if host.rfind(b":") != colon and scheme not in (b"http", b"https"):
             colon = host.rfind(b":")
         if not _valid_port(host[colon:]):
-            raise UrlError(f"invalid port {go_quote(host[colon:])} after host")
+            raise UrlError(f"invalid port {quote(host[colon:])} after host")
     return _unescape(host, _Mode.HOST)
 
 
@@ -464,7 +327,7 @@ def _parse(raw: bytes, via_request: bool) -> GoUrl:
 
 
 def _error(raw: bytes, error: UrlError) -> UrlError:
-    return UrlError(f"parse {go_quote(raw)}: {error}")
+    return UrlError(f"parse {quote(raw)}: {error}")
 
 
 def parse_request_uri(raw: bytes) -> GoUrl:
@@ -508,14 +371,6 @@ def _to_url(text: str) -> Any:
     return URL.of(_text(url.string()))
 
 
-def _is_url(text: str) -> bool:
-    try:
-        parse_request_uri(text.encode())
-    except UrlError:
-        return False
-    return True
-
-
 @functools.lru_cache(maxsize=1024)
 def _parsed(state: str) -> GoUrl:
     return parse(state.encode())
@@ -536,7 +391,8 @@ _S: Final = cel.Type.STRING
 
 LIBRARY: Final = Library("urls", "1.0", functions=(
     function("url", overload("string_to_url", URL.type, [_S], _to_url)),
-    function("isURL", overload("is_url_string", cel.Type.BOOL, [_S], _is_url)),
+    function("isURL", overload("is_url_string", cel.Type.BOOL, [_S],
+                               accepts(lambda text: parse_request_uri(text.encode())))),
     function("getScheme", overload("url_get_scheme", _S, [URL.type], lambda u: _text(_of(u).scheme), member=True)),
     function("getHost", overload("url_get_host", _S, [URL.type], lambda u: _text(_of(u).host), member=True)),
     function("getHostname", overload("url_get_hostname", _S, [URL.type],
