@@ -30,9 +30,13 @@ LABEL org.opencontainers.image.title="admission-policy-operator" \
       org.opencontainers.image.description="Kubernetes admission policies in CEL, enforced by a Kopf operator" \
       org.opencontainers.image.licenses="Apache-2.0"
 
-RUN groupadd --system --gid 10001 operator \
+# Not "operator": Debian's base-passwd already has that group (gid 37), and groupadd refuses it.
+# No pip at run time either: the image installs nothing once built.
+RUN groupadd --system --gid 10001 apo \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /tmp \
-            --shell /usr/sbin/nologin operator
+            --shell /usr/sbin/nologin apo \
+ && python -c "import os, pip, shutil; shutil.rmtree(os.path.dirname(pip.__file__))" \
+ && rm -f /usr/local/bin/pip* /usr/bin/pip*
 
 COPY --from=builder /opt/venv /opt/venv
 
