@@ -689,6 +689,15 @@ def test_notes_render(chart: helm.Chart) -> None:
 # the image the chart runs
 
 
+def test_notes_say_how_to_get_the_image_while_none_is_published(chart: helm.Chart) -> None:
+    notes = "admission-policy-operator/templates/NOTES.txt"
+    default = chart.render({}, name=RELEASE, namespace=NAMESPACE)[notes]
+    assert "no registry publishes the default image" in default and "kind load docker-image" in default
+    own = chart.render({"image": {"repository": "registry.example.com/apo", "tag": "1.0"}}, name=RELEASE,
+                       namespace=NAMESPACE)[notes]
+    assert "no registry publishes" not in own
+
+
 def test_dockerfile_matches_the_chart() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     stages = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", dockerfile, flags=re.MULTILINE | re.IGNORECASE)

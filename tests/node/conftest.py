@@ -17,7 +17,20 @@ from collections.abc import Iterator
 
 import helm_python as helm
 import pytest
-from knode import BASE, CHART, IMAGE_REPOSITORY, IMAGE_TAG, KIT, NAMESPACE, RELEASE, REPO, VALUES, Node, kit
+from knode import (
+    BASE,
+    CHART,
+    IMAGE_REPOSITORY,
+    IMAGE_TAG,
+    KIT,
+    NAMESPACE,
+    RELEASE,
+    REPO,
+    VALUES,
+    Node,
+    build_image,
+    kit,
+)
 
 
 @pytest.fixture(scope="session")
@@ -33,8 +46,7 @@ def node() -> Iterator[dict[str, str]]:
         key, _, value = line.removeprefix("export ").partition("=")
         env[key] = os.path.expandvars(shlex.split(value)[0])
     kit("image.sh", "debian-python", BASE, "--if-missing")
-    kit("image.sh", "dockerfile", str(REPO), f"{IMAGE_REPOSITORY}:{IMAGE_TAG}",
-         "--base", f"python:3.11-slim={BASE}", "--host-certs")
+    build_image(REPO, f"{IMAGE_REPOSITORY}:{IMAGE_TAG}")
     try:
         yield env
     finally:

@@ -26,6 +26,11 @@ VALUES: Mapping[str, Any] = {
 }
 
 
+def build_image(context: pathlib.Path, tag: str, *args: str) -> None:
+    """A Dockerfile built as `docker build` would, by buildah, with python:3.11-slim served locally."""
+    kit("image.sh", "dockerfile", str(context), tag, "--base", f"python:3.11-slim={BASE}", "--host-certs", *args)
+
+
 def kit(script: str, *args: str) -> str:
     """A kit script's stdout; its log passes through to stderr (pytest shows it on failure)."""
     return subprocess.run(["bash", str(KIT / script), *args], check=True, stdout=subprocess.PIPE,

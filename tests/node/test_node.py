@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from knode import NAMESPACE, REPO, Node, eventually, ready
+from knode import IMAGE_REPOSITORY, IMAGE_TAG, NAMESPACE, REPO, Node, build_image, eventually, ready
 
 EXAMPLES = REPO / "examples"
 BUSYBOX = "localhost/knode/busybox:1.35"   # a local image (the kit's): nothing is pulled
@@ -123,8 +123,8 @@ def test_the_injected_sidecar_runs_and_default_resources_apply(demo: Node, polic
     demo.apply(sleeper("orders", annotations={"acme.com/inject": "true"}))
     pod = running(demo, "orders")
     assert sorted(c["name"] for c in pod["status"]["containerStatuses"] if c["ready"]) == ["log-shipper", "main"]
-    (main,) = [c for c in pod["spec"]["containers"] if c["name"] == "main"]
-    assert main["resources"]["requests"] == {"cpu": "100m", "memory": "128Mi"}
+    for container in pod["spec"]["containers"]:   # the sidecar too: injected after, reinvoked for it
+        assert container["resources"]["requests"] == {"cpu": "100m", "memory": "128Mi"}, container["name"]
 
 
 def test_a_deployments_pods_are_created_by_its_replicaset_as_the_policy_says(demo: Node,
@@ -223,6 +223,34 @@ def test_the_other_replica_reconciles_once_the_reconciling_pod_is_deleted(demo: 
     print(f"\nfailover: a policy written as the reconciling Pod was deleted went Active after {took:.1f} s")
     eventually(lambda: sum(1 for pod in demo.operator_pods() if ready(pod)) == 2, timeout=120,
                what="the Deployment back at two ready replicas")
+
+
+# --- a plugin image, by the guide's recipe ------------------------------------------------------------
+
+def test_a_plugin_image_built_by_the_guides_recipe_has_its_plugin_and_no_pip(installed: Node) -> None:
+    """docs/writing-a-plugin.md: the package installed into a copy of the operator's venv in a
+    stage of its own, only the venv taken back."""
+    tag = "localhost/apo-acme:node-tier"
+    build_image(REPO / "tests" / "plugin_package", tag,
+                "--base", f"admission-policy-operator:latest={IMAGE_REPOSITORY}:{IMAGE_TAG}")
+    listed = run_to_completion(installed, "plugin-list", tag, "admission-policy", "plugins")
+    assert listed[0] == "Succeeded" and "label-checksum      validator" in listed[1]
+    no_pip = run_to_completion(installed, "plugin-pip", tag, "python", "-c", "import pip")
+    assert no_pip[0] == "Failed" and "No module named 'pip'" in no_pip[1]
+
+
+def run_to_completion(cluster: Node, name: str, image: str, *command: str) -> tuple[str, str]:
+    """(phase, logs) of a Pod running ``command`` once in ``image``."""
+    cluster.kubectl("-n", "default", "run", name, "--restart=Never", f"--image={image}", "--image-pull-policy=Never",
+                    "--command", "--", *command)
+    try:
+        phase: str = eventually(lambda: cluster.json("-n", "default", "get", "pod", name)["status"].get("phase")
+                                in ("Succeeded", "Failed") and cluster.json("-n", "default", "get", "pod",
+                                                                              name)["status"]["phase"],
+                                timeout=90, what=f"pod {name} done")
+        return phase, cluster.kubectl("-n", "default", "logs", name).stdout
+    finally:
+        cluster.kubectl("-n", "default", "delete", "pod", name, "--wait=false")
 
 
 # --- helm uninstall: last ----------------------------------------------------------------------

@@ -452,11 +452,13 @@ def test_merge_null_removes_a_field() -> None:
 
 
 def test_mutations_compose_in_name_order_each_seeing_the_previous() -> None:
+    # Idempotent, as mutations must be: each step once (a-first runs again after b-second).
     first = policy("a-first", mutations=[
-        {"name": "one", "merge": {"metadata": {"labels": {"step": "1"}}}},
-        {"name": "two", "jsonPatch": [{"op": "replace", "path": "/metadata/labels/step",
-                                       "valueExpression": "object.metadata.labels.step + '2'"}]}])
-    second = policy("b-second", mutations=[{"jsonPatch": [
+        {"name": "one", "merge": {"metadata": {"labels": {"step": "1"}}}, "mergeMode": "IfAbsent"},
+        {"name": "two", "condition": "!object.metadata.labels.step.contains('2')",
+         "jsonPatch": [{"op": "replace", "path": "/metadata/labels/step",
+                        "valueExpression": "object.metadata.labels.step + '2'"}]}])
+    second = policy("b-second", mutations=[{"condition": "!object.metadata.labels.step.contains('3')", "jsonPatch": [
         {"op": "replace", "path": "/metadata/labels/step", "valueExpression": "object.metadata.labels.step + '3'"}]}])
     original = pod()
     decision = decide([second, first], request(original))
@@ -977,3 +979,21 @@ def test_a_variable_holding_an_opaque_value_keeps_its_type(apart: bool, monkeypa
     decision = decide([p], request(pod()))
     assert (decision.allowed, decision.message) == (False, 'AdmissionPolicy "p" denied the request: family 4, integer: '
                                                            'false')
+
+
+def test_an_earlier_policy_sees_what_a_later_one_added_as_the_api_server_reinvokes_webhooks() -> None:
+    """Policies mutate in name order; the API server reinvokes a webhook once when a later one
+    changed the object (reinvocationPolicy IfNeeded). So does the engine: the sidecar injected
+    by "b-sidecar" gets the default resources "a-defaults" gives every container."""
+    defaults = policy("a-defaults", mutations=[{"name": "requests", "condition":
+        "object.spec.containers.exists(c, !has(c.resources))", "jsonPatch": [{"op": "replace",
+        "path": "/spec/containers", "valueExpression": "object.spec.containers.map(c, has(c.resources) ? c : "
+        "{'name': c.name, 'image': c.image, 'resources': {'requests': {'cpu': '100m'}}})"}]}])
+    sidecar = policy("b-sidecar", mutations=[{"name": "inject", "condition":
+        "!object.spec.containers.exists(c, c.name == 'shipper')", "jsonPatch": [{"op": "add",
+        "path": "/spec/containers/-", "value": {"name": "shipper", "image": "shipper:1"}}]}])
+    decision = decide([defaults, sidecar], request(pod()), phase=Phase.MUTATE)
+    containers = decision.patched_object["spec"]["containers"]
+    assert [(c["name"], c.get("resources")) for c in containers] == [
+        ("c", {"requests": {"cpu": "100m"}}), ("shipper", {"requests": {"cpu": "100m"}})]
+    assert [o.policy for o in decision.outcomes if o.mutated] == ["a-defaults", "b-sidecar"]

@@ -156,9 +156,7 @@ def evaluate(
         run = _Run(request, namespace_object, deadline, clock, inputs, namespace_error)
         with answering(authorization) as asking:
             if phase in (Phase.MUTATE, Phase.ALL):
-                for policy in candidates:
-                    if policy.mutations:
-                        run.guarded(policy, run.mutate)
+                run.mutate_all([policy for policy in candidates if policy.mutations])
             if phase in (Phase.VALIDATE, Phase.ALL):
                 for policy in candidates:
                     if policy.validations:
@@ -249,6 +247,23 @@ class _Run:
             self.activations.clear()
             self._bounds.clear()
             action(policy)
+
+    def mutate_all(self, policies: list[CompiledPolicy]) -> None:
+        """Each policy's mutations in name order; then, once, those before the last policy that
+        changed the object again, as the API server reinvokes a webhook once when a later one
+        changed the object (reinvocationPolicy IfNeeded): an earlier policy sees what a later one
+        added (a sidecar injected after the default resources were set gets them too). Mutations
+        are idempotent, so the second pass changes only what the first could not see."""
+        last = -1
+        for index, policy in enumerate(policies):
+            before = self.object
+            self.guarded(policy, self.mutate)
+            if self.object is not before:
+                last = index
+        for policy in policies[:last]:
+            found = self.records.get(policy.name)
+            if found is None or not found[1].errors:   # an error is said once, from the first pass
+                self.guarded(policy, self.mutate)
 
     def abort(self, policy: CompiledPolicy, message: str) -> None:
         record = self.record(policy)
