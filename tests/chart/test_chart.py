@@ -473,6 +473,7 @@ EXPECTED_ENV = {
     "AP_FEATURE_GATES",
     "AP_CERT_SECRET",
     "AP_CERT_DIR",
+    "AP_CERT_LIFETIME",
     "AP_WEBHOOK_CONFIG_NAME",
     "AP_PEERING_NAME",
 }
@@ -496,6 +497,7 @@ def test_operator_settings_env(chart: helm.Chart, scenario: str) -> None:
     fullname = f"{RELEASE}-admission-policy-operator"
     assert env["AP_WEBHOOK_CONFIG_NAME"] == values.get("webhook", {}).get("configName", fullname)
     assert env["AP_CERT_SECRET"] == values.get("webhook", {}).get("certSecretName", f"{fullname}-tls")
+    assert env["AP_CERT_LIFETIME"] == values.get("webhook", {}).get("certLifetime", "365d")
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))

@@ -12,13 +12,28 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import helm_python as helm
 import pytest
 import yaml
-from knode import IMAGE_REPOSITORY, IMAGE_TAG, NAMESPACE, REPO, Node, build_image, eventually, ready
+from admissions import Admissions, stream_policy
+from knode import (
+    CHART,
+    IMAGE_REPOSITORY,
+    IMAGE_TAG,
+    NAMESPACE,
+    RELEASE,
+    REPO,
+    VALUES,
+    Node,
+    build_image,
+    eventually,
+    ready,
+)
 
 EXAMPLES = REPO / "examples"
 BUSYBOX = "localhost/knode/busybox:1.35"   # a local image (the kit's): nothing is pulled
 DEMO = "node-demo"
+DEPLOYMENT = f"{RELEASE}-admission-policy-operator"
 
 
 def policy(name: str) -> dict[str, Any]:
@@ -223,6 +238,45 @@ def test_the_other_replica_reconciles_once_the_reconciling_pod_is_deleted(demo: 
     print(f"\nfailover: a policy written as the reconciling Pod was deleted went Active after {took:.1f} s")
     eventually(lambda: sum(1 for pod in demo.operator_pods() if ready(pod)) == 2, timeout=120,
                what="the Deployment back at two ready replicas")
+
+
+# --- rollouts and certificate renewals under a steady stream of admissions ---------------------------
+
+def test_rollout_restart_helm_upgrade_and_certificate_renewal_fail_no_admission(demo: Node,
+                                                                               policies: list[str]) -> None:
+    """Two requests a client every ~40 ms through the API server, judged by a policy, while the
+    operator's Pods are replaced three times and its serving certificate renewed: every answer is
+    the policy's (no webhook call failed: no refused connection, no failed TLS handshake)."""
+    apply_policies(demo, policies, stream_policy(DEMO))
+    secret = ("-n", NAMESPACE, "get", "secret", f"{RELEASE}-admission-policy-operator-tls",
+              "-o", "jsonpath={.data.tls\\.crt}")
+    phases: dict[str, str] = {}
+    with Admissions(demo.kubeconfig, DEMO) as stream:
+        time.sleep(2)
+        demo.kubectl("-n", NAMESPACE, "rollout", "restart", f"deployment/{DEPLOYMENT}")
+        demo.kubectl("-n", NAMESPACE, "rollout", "status", f"deployment/{DEPLOYMENT}", "--timeout=180s", timeout=200)
+        phases["rollout restart"] = str(stream.tally)
+        with helm.Chart.load(CHART) as chart:   # a short certificate lifetime: renewed within a minute
+            demo.helm().upgrade(chart, RELEASE, {**VALUES, "webhook": {"certLifetime": "45s"}},
+                                namespace=NAMESPACE, wait="watcher", timeout=300)
+        phases["helm upgrade"] = str(stream.tally)
+        # The certificate in place keeps its year: deleted, the operator makes one of 45 s at once
+        # (once the replaced Pods, which serve on a few seconds while stopping, are gone).
+        eventually(lambda: len(demo.operator_pods()) == 2, timeout=60, what="only the upgraded replicas left")
+        first = demo.kubectl(*secret).stdout
+        demo.kubectl("-n", NAMESPACE, "delete", "secret", f"{RELEASE}-admission-policy-operator-tls")
+        short = eventually(lambda: (demo.kubectl(*secret, check=False).stdout or first) != first and
+                           demo.kubectl(*secret).stdout, timeout=60, interval=1, what="a new certificate")
+        phases["certificate recreated"] = str(stream.tally)
+        eventually(lambda: demo.kubectl(*secret).stdout != short, timeout=90, interval=2,
+                   what="the serving certificate renewed")
+        time.sleep(10)   # past the switch: both replicas serving the new certificate
+        phases["certificate renewal"] = str(stream.tally)
+        with helm.Chart.load(CHART) as chart:
+            demo.helm().upgrade(chart, RELEASE, dict(VALUES), namespace=NAMESPACE, wait="watcher", timeout=300)
+        phases["helm upgrade back"] = str(stream.tally)
+    print("\n" + "\n".join(f"{phase}: {tally}" for phase, tally in phases.items()))
+    assert stream.tally.right > 500 and stream.tally.wrong == [], phases
 
 
 # --- a plugin image, by the guide's recipe ------------------------------------------------------------
