@@ -135,6 +135,15 @@ class Answer:
     body: Any
     warnings: list[str]
 
+    @classmethod
+    def of(cls, method: str, response: requests.Response) -> Answer:
+        try:
+            payload: Any = response.json()
+        except ValueError:
+            payload = response.text
+        return cls(method, response.url, response.status_code, payload,
+                   parse_warning_headers(_warning_header_values(response)))
+
     @property
     def ok(self) -> bool:
         return 200 <= self.status < 300
@@ -254,13 +263,7 @@ class Cluster:
         if body is not None:
             kwargs["data"] = json.dumps(body)
             kwargs["headers"] = {"Content-Type": content_type}
-        response = self.api.request(method, **kwargs)
-        try:
-            payload: Any = response.json()
-        except ValueError:
-            payload = response.text
-        return Answer(method, response.url, response.status_code, payload, parse_warning_headers(
-            _warning_header_values(response)))
+        return Answer.of(method, self.api.request(method, **kwargs))
 
     def create(self, cls: type[APIObject], body: Mapping[str, Any], *, dry_run: bool = False) -> Answer:
         namespace = (body.get("metadata") or {}).get("namespace")

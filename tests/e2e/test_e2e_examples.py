@@ -77,7 +77,6 @@ from e2e_kube import (
     OperatorProcess,
     Policies,
     eventually,
-    parse_warning_headers,
     policy_body,
     unique,
 )
@@ -391,13 +390,7 @@ def send(cluster: Cluster, method: str, cls: type[APIObject], name: str | None =
             headers.add("Impersonate-Group", str(group))  # requests' own headers cannot repeat a name
     prepared.headers = headers
     response = cluster.api.session.send(prepared, timeout=30)
-    try:
-        payload: Any = response.json()
-    except ValueError:
-        payload = response.text
-    raw = getattr(response.raw, "headers", None)
-    values = list(raw.getlist("Warning")) if raw is not None and hasattr(raw, "getlist") else []
-    return Answer(method, response.url, response.status_code, payload, parse_warning_headers(values))
+    return Answer.of(method, response)
 
 
 @dataclasses.dataclass(eq=False)

@@ -33,7 +33,7 @@ from typing import Any
 import pykube
 import pytest
 import yaml
-from e2e_kube import OWNED_LABEL, Answer, Cluster, Policies, cli, eventually, parse_warning_headers
+from e2e_kube import OWNED_LABEL, Answer, Cluster, Policies, cli, eventually
 from pykube.objects import APIObject
 
 pytestmark = pytest.mark.e2e
@@ -250,13 +250,7 @@ def send(cluster: Cluster, case: Case, namespaces: Mapping[str, str]) -> Decisio
     response = cluster.api.request(method, version=cls.version, namespace=namespace, url=url,
                                    params={"dryRun": "All"}, data=json.dumps(body),
                                    headers={"Content-Type": "application/json", **headers})
-    try:
-        payload: Any = response.json()
-    except ValueError:
-        payload = response.text
-    raw = getattr(response.raw, "headers", None)
-    values = list(raw.getlist("Warning")) if raw is not None and hasattr(raw, "getlist") else []
-    return Decision.of(Answer(method, response.url, response.status_code, payload, parse_warning_headers(values)))
+    return Decision.of(Answer.of(method, response))
 
 
 def expectation_problems(case: Case, decision: Decision, namespace: str) -> list[str]:
