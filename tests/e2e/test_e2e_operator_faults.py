@@ -2,7 +2,7 @@
 
 A graceful stop is covered by test_e2e_shutdown.py. Here nothing of the operator runs on the way
 out — no Kopf cleanup, no keep-alive withdrawn, connections cut mid-request — as when the OOM
-killer or a lost node takes a pod. What must hold (DESIGN §4, §5):
+killer or a lost node takes a pod. What must hold (docs/design.md, "Lifecycle" and "Serving"):
 
 - one operator, killed: kube-system and the operator's namespace stay writable; an ``Ignore``
   policy stops blocking, a ``Fail`` one refuses with the API server's "failed calling webhook"

@@ -1,6 +1,6 @@
 """Issue 12, scenario 3: the API server, etcd and the operator's watch fail while traffic flows.
 
-What a user relies on (DESIGN §5: serving continues from the last policy set):
+What a user relies on (docs/design.md, "Serving": serving continues from the last policy set):
 
 - while the API server is down, no request reaches the operator (the API server is the caller);
   the operator's webhook server never stops, and the moment the API server is back its answers

@@ -1,7 +1,7 @@
 """Issue 12, scenario 2: the webhook's certificates rotated, lost and expired while requests stream in.
 
 The operator keeps its CA and serving certificate in one Secret that every replica shares, and
-writes the CA bundle into the webhook configurations itself (DESIGN §5). What must hold:
+writes the CA bundle into the webhook configurations itself (docs/design.md, "Webhook configurations"). What must hold:
 
 - a renewal under load, with two replicas (Kopf peering, one address in front as the Service is):
   no request fails — in particular no TLS handshake, which the API server would return as "failed

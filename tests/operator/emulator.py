@@ -3,7 +3,7 @@ Run the real Kopf operator against kmock's ``KubernetesEmulator`` — no cluster
 
 kmock 0.8 (``kmock/_internal/k8s.py``) stores objects in memory and serves discovery, list,
 watch, fetch, create, merge/JSON patch and delete. ``ShimmedEmulator`` below adds only what
-Kopf relies on and kmock lacks (see /work/shared/KOPF-NOTES.md, "Testing without a cluster"):
+Kopf relies on and kmock lacks (docs/design.md, "Testing the operator without a cluster"):
 
 * stamps ``metadata.uid``/``creationTimestamp``/``resourceVersion``/``generation`` and fills
   ``metadata.name`` from ``generateName`` (Kopf posts events with ``generateName``);
@@ -91,7 +91,7 @@ BUILTIN_RESOURCES = [
     VALIDATING_WEBHOOK_CONFIGURATIONS, MUTATING_WEBHOOK_CONFIGURATIONS, CRDS,
 ]
 
-# Used only if crds/admissionpolicy.yaml is absent; mirrors DESIGN.md §3.
+# Used only if crds/admissionpolicy.yaml is absent; mirrors crds/admissionpolicy.yaml in short.
 FALLBACK_CRD: dict[str, Any] = {
     'apiVersion': 'apiextensions.k8s.io/v1',
     'kind': 'CustomResourceDefinition',

@@ -1,4 +1,4 @@
-"""The decision rules of DESIGN §3, through the engine's one entry point."""
+"""The decision rules of docs/design.md ("Decisions"), through the engine's one entry point."""
 from __future__ import annotations
 
 import base64

@@ -99,7 +99,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     features.configure(features.parse(config.feature_gates))   # before any policy is compiled
     _report_broken_plugins(plugins.registry())
 
-    settings.admission.managed = None          # we write the configurations ourselves (DESIGN §5)
+    settings.admission.managed = None          # we write the configurations ourselves (docs/design.md)
     # Kopf would post its own events about policies (a handler failed) into the operator's
     # namespace, where `kubectl describe ap` never looks; the operator posts its own (events.py).
     settings.posting.enabled = False

@@ -1,8 +1,9 @@
 """The Validating/MutatingWebhookConfiguration bodies, built from the loaded policies' routes.
 
-The operator writes these itself instead of Kopf's managed mode (DESIGN §5): rules change at
-runtime, and every replica must write byte-identical objects, so the builder is a pure,
-deterministic function and ``apply_configurations`` only writes when something differs.
+The operator writes these itself instead of Kopf's managed mode (docs/design.md, "Webhook
+configurations"): rules change at runtime, and every replica must write byte-identical objects,
+so the builder is a pure, deterministic function and ``apply_configurations`` only writes when
+something differs.
 """
 
 from __future__ import annotations
