@@ -79,8 +79,9 @@ def accepts(convert: Callable[..., object], refusal: type[Exception] = ValueErro
 # Functions of the standard library that libraries add overloads to. The environment refuses a
 # second declaration of these ("declared multiple times"), so their overloads go in an extension,
 # which registers an implementation per overload: they cannot share a group (see the module doc).
-STANDARD: Final = frozenset({"string", "_<_", "_<=_", "_>_", "_>=_", "_+_", "_-_", "_==_", "_!=_", "size", "int",
-                             "double", "uint", "bytes", "reverse", "indexOf", "lastIndexOf"})
+# The orderings (<, <=, >, >=) are not here: ``compat`` declares them anew, all overloads together.
+STANDARD: Final = frozenset({"string", "_+_", "_-_", "_==_", "_!=_", "size", "int", "double", "uint", "bytes",
+                             "reverse", "indexOf", "lastIndexOf"})
 
 
 def declarations(functions: Iterable[Function]) -> list[cel.FunctionDecl]:
