@@ -34,7 +34,7 @@ import time
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "e2e"), str(ROOT / "operator")]
+sys.path[:0] = [str(ROOT / "tests" / "e2e"), str(ROOT / "tests"), str(ROOT / "operator")]
 
 import pykube  # noqa: E402
 import yaml  # noqa: E402

@@ -301,7 +301,7 @@ def main() -> None:
     assets = os.environ.get("KUBEBUILDER_ASSETS", "").strip()
     if not assets:
         sys.exit("error: set KUBEBUILDER_ASSETS to a directory holding etcd, kube-apiserver, "
-                 "kube-controller-manager and kubectl (e.g. $(../shared/envtest/install.sh); see tests/e2e/README.md)")
+                 "kube-controller-manager and kubectl (see tests/e2e/README.md)")
     plan = dataclasses.replace(QUICK if args.quick else FULL, scale_out=not args.no_scale_out)
     info = machine("operator")
     if len(info["cores"]) < 2:

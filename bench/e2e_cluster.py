@@ -22,6 +22,7 @@ import yaml
 from common import HOST, REPO, free_port
 from procs import Child, ChildError
 
+sys.path.insert(0, str(REPO / "tests"))   # tests/builders.py, which e2e_kube imports
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
 from envtest import ControlPlane, ControlPlaneError  # the test harness, reused
 

@@ -1,6 +1,6 @@
 """The reliability scenarios of issue 12, run longer than CI runs them, with their figures.
 
-    KUBEBUILDER_ASSETS="$(../shared/envtest/install.sh)" python reliability/run.py            # 10 times CI
+    KUBEBUILDER_ASSETS=/path/to/envtest python reliability/run.py                             # 10 times CI
     KUBEBUILDER_ASSETS=... python reliability/run.py --scale 3 -k reload                      # one scenario
 
 CI runs the same tests (tests/e2e/test_reliability_*.py) at scale 1, where they assert zero wrong
@@ -30,7 +30,7 @@ def main() -> int:
     parser.add_argument("-k", dest="keyword", help="only the scenarios whose test names match (pytest -k)")
     args = parser.parse_args()
     if not os.environ.get("KUBEBUILDER_ASSETS") and not os.environ.get("KUBECONFIG"):
-        print("reliability/run.py needs an API server: KUBEBUILDER_ASSETS=\"$(../shared/envtest/install.sh)\" "
+        print("reliability/run.py needs an API server: KUBEBUILDER_ASSETS naming the envtest binaries "
               "(see tests/e2e/README.md)", file=sys.stderr)
         return 2
     report = args.report or pathlib.Path(tempfile.mkstemp(prefix="reliability-", suffix=".jsonl")[1])

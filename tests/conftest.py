@@ -1,5 +1,10 @@
 """Settings shared by every test directory: hypothesis profiles for the fuzz tests (issue 12).
 
+The helpers shared by every tier are plain modules here (``builders``, ``jsonpaths``), imported as
+``from builders import policy``: pytest puts this directory on ``sys.path`` for this conftest (no
+packages, rootdir-relative), as it puts each tier's directory there for that tier's own helpers
+(``emulator``, ``e2e_kube``...). A test module never imports another test module.
+
 ``ci`` (the default) is bounded and deterministic, so CI never flakes and the fuzz suite stays
 under a minute; ``HYPOTHESIS_PROFILE=long`` runs many more, random examples to hunt for defects:
 

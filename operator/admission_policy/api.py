@@ -15,6 +15,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal, TypeAlias, cast
 
+from .errors import AdmissionPolicyError
+
 GROUP: Final = "policy-operator.dev"
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
@@ -93,7 +95,7 @@ ACCEPTED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
 }
 
 
-class PolicyError(ValueError):
+class PolicyError(AdmissionPolicyError, ValueError):
     """A policy that cannot be used, with the field path and what is wrong with it."""
 
     def __init__(self, path: str, message: str) -> None:
@@ -111,12 +113,16 @@ class Expression:
 
 @dataclasses.dataclass(frozen=True)
 class NamedExpression:
+    """A variable or match condition: its ``name`` is how CEL (``variables.<name>``) and
+    messages refer to it, unique within its list."""
     name: str
     expression: Expression
 
 
 @dataclasses.dataclass(frozen=True)
 class ResourceRule:
+    """Which requests a policy is about, as a webhook rule says it (``*`` for any); the operator
+    registers these in its webhook configurations, so they decide what the API server sends."""
     api_groups: tuple[str, ...]
     api_versions: tuple[str, ...]
     resources: tuple[str, ...]
@@ -125,6 +131,7 @@ class ResourceRule:
 
 @dataclasses.dataclass(frozen=True)
 class LabelRequirement:
+    """One ``matchExpressions`` item; ``values`` is empty for Exists and DoesNotExist."""
     key: str
     operator: str
     values: frozenset[str]
@@ -162,6 +169,9 @@ class LabelSelector:
 
 @dataclasses.dataclass(frozen=True)
 class Match:
+    """Whether a request concerns a policy at all. Rules and selectors are checked without CEL,
+    before anything is evaluated; ``conditions`` (all must be true) are CEL, and an error in one
+    is the policy's error, which ``failurePolicy`` answers."""
     resources: tuple[ResourceRule, ...]
     namespace_selector: LabelSelector = LabelSelector()
     object_selector: LabelSelector = LabelSelector()
@@ -180,6 +190,8 @@ class PluginRef:
 
 @dataclasses.dataclass(frozen=True)
 class Validation:
+    """One check: a CEL expression that must be true, or a validator plugin. A failure denies
+    (Enforce) with ``reason``'s HTTP code, warns or is audited, as the policy's enforcement says."""
     expression: Expression | None    # exactly one of expression and plugin
     message: str | None
     message_expression: Expression | None
@@ -208,6 +220,8 @@ class PatchOperation:
 
 @dataclasses.dataclass(frozen=True)
 class Mutation:
+    """One change, applied in order after the previous ones when its ``condition`` holds: a JSON
+    patch, a merge patch (``IfAbsent``: only fields the object lacks) or a mutator plugin."""
     name: str
     condition: Expression | None
     json_patch: tuple[PatchOperation, ...] | None
@@ -277,6 +291,8 @@ class ContextEntry:
 
 @dataclasses.dataclass(frozen=True)
 class AdmissionPolicy:
+    """A policy as parsed: immutable and already checked field by field, so the compiler and the
+    engine never meet a malformed spec. Its CEL is not compiled yet (``engine.compile_policy``)."""
     name: str
     generation: int
     description: str

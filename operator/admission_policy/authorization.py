@@ -24,6 +24,8 @@ import secrets
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final, Protocol
 
+from .errors import AdmissionPolicyError
+
 SERVICE_ACCOUNT_PREFIX: Final = "system:serviceaccount:"
 ALL_SERVICE_ACCOUNTS: Final = "system:serviceaccounts"
 NO_AUTHORIZER: Final = ("no authorizer is available here: authorizer checks are answered for admission requests, "
@@ -64,6 +66,8 @@ class Subject:
                    tuple(sorted((ALL_SERVICE_ACCOUNTS, f"{ALL_SERVICE_ACCOUNTS}:{namespace}"))))
 
     def to_json(self) -> dict[str, Any]:
+        """Plain JSON, for the CEL values that carry a subject and for checks sent back from a
+        child process (``from_json`` reads it)."""
         return {"user": self.user, "groups": list(self.groups), "uid": self.uid,
                 "extra": {key: list(values) for key, values in self.extra}}
 
@@ -97,6 +101,7 @@ class Check:
         return bool(self.path)
 
     def to_json(self) -> dict[str, Any]:
+        """Plain JSON: how a check travels in a CEL value's state and in an error's text."""
         data: dict[str, Any] = dataclasses.asdict(self)
         data["subject"] = self.subject.to_json()
         return data
@@ -145,10 +150,11 @@ class Answers:
     otherwise: Answer | None = None
 
     def answer(self, check: Check) -> Answer | None:
+        """The table's answer, else ``otherwise``; None means: ask the API server."""
         return self.known.get(check, self.otherwise)
 
 
-class Unanswered(Exception):
+class Unanswered(AdmissionPolicyError):
     """Raised by callers that cannot ask for more answers than they were given."""
 
     def __init__(self, checks: Iterable[Check]) -> None:

@@ -28,6 +28,7 @@ from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 from . import celast, celcost, cellib
 from .api import Expression
 from .cellib import compat, lists, regex, rewrite
+from .errors import AdmissionPolicyError
 
 VARIABLES: Final = ("object", "oldObject", "request", "namespaceObject", "params", "context", "variables",
                     "authorizer", "authorizer.requestResource")
@@ -53,7 +54,7 @@ _VARIABLE_REFERENCE = re.compile(r"\bvariables\s*\.\s*([A-Za-z_][A-Za-z0-9_]*)")
 _WHOLE_VARIABLES = re.compile(r"\bvariables\b(?!\s*\.)")
 
 
-class CelCompileError(Exception):
+class CelCompileError(AdmissionPolicyError):
     """An expression that does not compile or type-check, located by field path and column."""
 
     def __init__(self, path: str, message: str, line: int | None = None, column: int | None = None) -> None:
@@ -65,7 +66,7 @@ class CelCompileError(Exception):
         self.column = column
 
 
-class CelEvaluationError(Exception):
+class CelEvaluationError(AdmissionPolicyError):
     """An expression that failed on this request (missing field, wrong type, budget)."""
 
     def __init__(self, path: str, message: str) -> None:
@@ -161,6 +162,8 @@ class CompiledExpression:
         return self.expression.path
 
     def release(self) -> None:
+        """Drop the program to save memory (``engine.compiler`` does it for the ones a request
+        rarely runs); it is built again, from the source, when next needed."""
         self.program = None
 
     def tree(self) -> celast.Checked:
@@ -252,10 +255,12 @@ def compile_expression(expression: Expression, kind: ResultKind = "any", *,
 
 
 def unbounded(cost: float, limit: float) -> str:
+    """The message for an expression over the cost limit on the smallest object: no request
+    could pass it, so it is refused at compile time rather than failing on each request."""
     return (f"is unbounded by construction: its estimated cost is {_amount(cost)} even on an object of one "
             f"character, over Kubernetes' limit of {_amount(limit)} per expression, so Kubernetes would stop "
             "every evaluation of it; a value that grows at each step (a string or list doubled through "
-            "cel.bind or spec.variables, say) does that (see 'Writing policies' in the README)")
+            "cel.bind or spec.variables, say) does that (see docs/policies.md, 'Cost')")
 
 
 def _amount(cost: float) -> str:

@@ -21,6 +21,8 @@ import itertools
 from collections.abc import Iterator
 from typing import Any, Final
 
+from .errors import AdmissionPolicyError
+
 # Items per chunk of a linearized accumulation: an append copies at most one chunk, and the list
 # of full chunks is copied once per chunk. n items cost about n·CHUNK/2 + (n/CHUNK)²/2 copies,
 # linear within the runtime's iteration budget (10,000), where a plain append costs n²/2.
@@ -33,7 +35,7 @@ _COMPREHENSION_ORDER: Final = (
     (6, "loop_step"), (7, "result"), (8, "iter_var2"))
 
 
-class AstError(ValueError):
+class AstError(AdmissionPolicyError, ValueError):
     """A serialised program this module cannot read (a format it does not know)."""
 
 
@@ -116,6 +118,7 @@ class Expr:
     comprehension: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def children(self) -> Iterator[Expr]:
+        """The direct sub-expressions, whatever the kind: what a walk over the tree needs."""
         if self.target is not None:
             yield self.target
         yield from self.args
@@ -148,6 +151,8 @@ class Expr:
 
 @dataclasses.dataclass(eq=False)
 class Entry:
+    """One entry of a map literal (``key``) or a message literal (``field_key``), ``optional``
+    for CEL's ``?key: value``."""
     id: int
     field_key: str | None
     key: Expr | None
@@ -156,6 +161,7 @@ class Entry:
 
 
 def decode_expr(data: bytes) -> Expr:
+    """A serialised ``cel.expr.Expr`` as a tree to read or rewrite; ``encode_expr`` writes it back."""
     node = Expr(0, "unset")
     for number, _, value in fields(data):
         if number == 2:
@@ -217,6 +223,8 @@ def _decode_entry(data: bytes) -> Entry:
 
 
 def encode_expr(node: Expr) -> bytes:
+    """The tree serialised again, field by field as the runtime expects, so a rewritten tree
+    deserialises into a program."""
     out = field(2, 0, node.id) if node.id else b""
     if node.kind == "const":
         return out + _message(3, node.raw)
@@ -272,6 +280,7 @@ class Checked:
 
     @classmethod
     def decode(cls, serialized: bytes) -> Checked:
+        """From ``Expression.serialize()``; AstError when it is not a checked program."""
         envelope = {number: value for number, _, value in fields(serialized)}   # google.protobuf.Any
         if 1 not in envelope or 2 not in envelope:
             raise AstError("not a serialised program")
@@ -292,6 +301,8 @@ class Checked:
         return cls(envelope[1], root, overloads, kept)
 
     def encode(self) -> bytes:
+        """The program serialised again, for ``Env.deserialize()``: the tree as it is now,
+        every other field as it was read."""
         body = b"".join(_message(4, encode_expr(self.root)) if number == 4 else field(number, wire, value)
                         for number, wire, value in self.fields)
         return _message(1, self.type_url) + _message(2, body)

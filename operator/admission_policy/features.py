@@ -17,6 +17,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Final
 
+from .errors import AdmissionPolicyError
 from .plugins import Registry, Stage, registry
 
 ENV: Final = "AP_FEATURE_GATES"
@@ -24,6 +25,7 @@ ENV: Final = "AP_FEATURE_GATES"
 
 @dataclasses.dataclass(frozen=True)
 class Gate:
+    """A switch for one experimental feature; its ``stage`` sets the default, as in Kubernetes."""
     name: str
     stage: Stage
     description: str = ""
@@ -40,12 +42,15 @@ CORE: Final = (
 )
 
 
-class FeatureGateError(ValueError):
-    pass
+class FeatureGateError(AdmissionPolicyError, ValueError):
+    """A ``--feature-gates`` item that is malformed, names no gate or switches a GA gate off:
+    refused, so a misspelt gate never silently does nothing."""
 
 
 @dataclasses.dataclass(frozen=True)
 class FeatureGates:
+    """The gates in effect: the known ones, at their stage's default unless the flags set them
+    (``overrides``, checked by ``parse``). A name no gate has is off."""
     known: Mapping[str, Gate]
     overrides: Mapping[str, bool] = dataclasses.field(default_factory=dict)
 
@@ -60,6 +65,7 @@ class FeatureGates:
 
 
 def known_gates(plugins: Registry | None = None) -> dict[str, Gate]:
+    """The project's gates and one per plugin (two plugins may share a gate: the first wins)."""
     gates = {gate.name: gate for gate in CORE}
     for plugin in (plugins or registry()).plugins.values():
         gates.setdefault(plugin.gate_name(), Gate(plugin.gate_name(), plugin.stage, f"The {plugin.name} plugin."))
@@ -94,12 +100,8 @@ def configure(gates: FeatureGates | None) -> None:
 
 
 def current() -> FeatureGates:
+    """The process's gates: what ``configure`` set, else ``AP_FEATURE_GATES`` (read once)."""
     global _current
     if _current is None:
         _current = parse(os.environ.get(ENV, ""))
     return _current
-
-
-def from_settings(flag: Iterable[str] = ()) -> FeatureGates:
-    """The environment variable, then the command-line flags (which win)."""
-    return parse([os.environ.get(ENV, ""), *flag])

@@ -38,7 +38,9 @@ The contract, because plugins run on the admission hot path:
   JSON data (dicts with str keys, lists, str, int, finite float, bool, None), and the error for
   anything else names the plugin and where it is.
 
-Discovery (``discover``) loads every entry point once; one that fails to load (``sys.exit()``
+Discovery (``discover``) loads every entry point once. The plugins shipped in
+``admission_policy.builtin_plugins`` are entry points of this package's own (pyproject.toml), so
+this module imports none of them and they load as anyone's do. One that fails to load (``sys.exit()``
 included) is listed by ``admission-policy plugins`` with its error, logged at WARNING when the
 operator starts, and a policy naming it is refused with that error. Plugins never import the
 operator.
@@ -50,6 +52,7 @@ import dataclasses
 import functools
 import importlib.metadata
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -57,7 +60,10 @@ from typing import Any, ClassVar, Final, Generic, Literal, TypeAlias, TypeVar
 
 import jsonschema
 
+from .errors import AdmissionPolicyError
+
 ENTRY_POINT_GROUP: Final = "admission_policy.plugins"
+DISTRIBUTION: Final = "admission-policy-operator"   # whose entry points are the builtins (pyproject.toml)
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -95,7 +101,7 @@ class Failure:
         return f"{self.field}: {self.message}" if self.field else self.message
 
 
-class ConfigError(ValueError):
+class ConfigError(AdmissionPolicyError, ValueError):
     """A config the plugin refuses (beyond its schema); ``path`` is relative to ``config``."""
 
     def __init__(self, path: str, message: str) -> None:
@@ -131,6 +137,8 @@ class Plugin(abc.ABC):
 
 
 class ValidatorPlugin(Plugin):
+    """A check CEL cannot express; its failures count as a CEL validation's would (the
+    policy's enforcement decides whether they deny, warn or are audited)."""
     kind: ClassVar[Kind] = "validator"
 
     @abc.abstractmethod
@@ -139,6 +147,8 @@ class ValidatorPlugin(Plugin):
 
 
 class MutatorPlugin(Plugin):
+    """A change CEL cannot compute; it runs in the policy's mutation order, on the object as the
+    earlier mutations left it."""
     kind: ClassVar[Kind] = "mutator"
 
     @abc.abstractmethod
@@ -148,7 +158,7 @@ class MutatorPlugin(Plugin):
         Mutations must be idempotent: the API server may call again."""
 
 
-class StaleData(Exception):
+class StaleData(AdmissionPolicyError):
     """What :meth:`Refreshed.value` raises when it has no value young enough: the call is an
     evaluation error naming the plugin, and the policy's failurePolicy decides."""
 
@@ -218,6 +228,7 @@ class Refreshed(Generic[T]):
                 self._thread.start()
 
     def stop(self) -> None:
+        """End the background thread at its next wake-up; ``value()`` then ages into StaleData."""
         self._stop.set()
 
     def _run(self) -> None:
@@ -236,6 +247,8 @@ class Broken:
 
 @dataclasses.dataclass(frozen=True)
 class Registry:
+    """The plugins a process can use, and the ones it cannot (``broken``), kept so that a policy
+    naming one is refused with the load error rather than with "unknown plugin"."""
     plugins: Mapping[str, Plugin]
     sources: Mapping[str, str]           # name → "builtin" or the distribution that provides it
     broken: tuple[Broken, ...] = ()
@@ -265,30 +278,23 @@ def field_path(path: Sequence[Any]) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
 
 
-def builtin() -> list[Plugin]:
-    from .builtin_plugins import images, tls  # the plugins shipped in the package
-    return [images.ImageReferences(), tls.TLSSecrets()]
-
-
 def discover(group: str = ENTRY_POINT_GROUP) -> Registry:
-    """The builtin plugins and every entry point of ``group`` (a class or an instance)."""
+    """This package's own plugins (its entry points in ``admission_policy.plugins``, listed as
+    ``builtin``), then every other entry point of ``group`` (a class or an instance). The builtins
+    load first, so a third-party plugin cannot take their names; they are found as anyone's
+    plugin is, so this module imports none of them."""
     plugins: dict[str, Plugin] = {}
     sources: dict[str, str] = {}
     broken: list[Broken] = []
-    for plugin in builtin():
-        plugins[plugin.name], sources[plugin.name] = plugin, "builtin"
-    for entry in importlib.metadata.entry_points(group=group):
-        source = entry.dist.name if entry.dist is not None else entry.value
-        if sources.get(entry.name) == "builtin" and entry.value.startswith("admission_policy."):
-            continue   # this package's own entry points name the builtins
+    own = _normalised(DISTRIBUTION)
+    builtins = [(entry, "builtin") for entry in importlib.metadata.distribution(DISTRIBUTION).entry_points
+                if entry.group == ENTRY_POINT_GROUP]
+    others = [(entry, entry.dist.name if entry.dist is not None else entry.value)
+              for entry in importlib.metadata.entry_points(group=group)
+              if entry.dist is None or _normalised(entry.dist.name) != own]
+    for entry, source in builtins + others:
         try:
-            loaded = entry.load()
-            plugin = loaded() if isinstance(loaded, type) else loaded
-            if not isinstance(plugin, (ValidatorPlugin, MutatorPlugin)):
-                raise TypeError(f"{entry.value} is not a ValidatorPlugin or MutatorPlugin")
-            if not isinstance(getattr(plugin, "name", None), str) or not plugin.name:
-                raise TypeError(f"{entry.value} has no name")
-            jsonschema.Draft202012Validator.check_schema(plugin.config_schema)
+            plugin = _load(entry)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:   # sys.exit() at import too: the plugin is unavailable, the server runs
@@ -300,6 +306,23 @@ def discover(group: str = ENTRY_POINT_GROUP) -> Registry:
             continue
         plugins[plugin.name], sources[plugin.name] = plugin, source
     return Registry(plugins, sources, tuple(broken))
+
+
+def _load(entry: importlib.metadata.EntryPoint) -> Plugin:
+    """The plugin an entry point names, checked: TypeError or the import's own error if it is not one."""
+    loaded = entry.load()
+    plugin = loaded() if isinstance(loaded, type) else loaded
+    if not isinstance(plugin, (ValidatorPlugin, MutatorPlugin)):
+        raise TypeError(f"{entry.value} is not a ValidatorPlugin or MutatorPlugin")
+    if not isinstance(getattr(plugin, "name", None), str) or not plugin.name:
+        raise TypeError(f"{entry.value} has no name")
+    jsonschema.Draft202012Validator.check_schema(plugin.config_schema)
+    return plugin
+
+
+def _normalised(distribution: str) -> str:
+    """A distribution's name as PEP 503 compares them (``admission_policy-Operator`` is ours)."""
+    return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
 @functools.cache

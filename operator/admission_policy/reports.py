@@ -65,6 +65,8 @@ class ObjectRef:
 
     @classmethod
     def of(cls, body: Mapping[str, Any], api_version: str, kind: str, namespaced: bool = True) -> ObjectRef:
+        """From an object's body; a cluster-scoped kind (``namespaced=False``) gets no namespace
+        whatever its metadata says, so its results go to the ClusterReport."""
         metadata = body.get("metadata") if isinstance(body.get("metadata"), Mapping) else {}
         assert isinstance(metadata, Mapping)
         return cls(api_version, kind, str(metadata.get("name") or ""),
@@ -91,6 +93,7 @@ class Entry:
     would_mutate: bool = False
 
     def as_dict(self) -> dict[str, Any]:
+        """An openreports ``results[]`` item; ``ObjectRef.read`` and ``first_seen`` read it back."""
         properties = {"enforcement": self.enforcement, "origin": self.origin}
         if self.would_mutate:
             properties["wouldMutate"] = "true"
@@ -132,6 +135,7 @@ class Results:
     counts: dict[str, collections.Counter[str]] = dataclasses.field(default_factory=dict)
 
     def add(self, entry: Entry) -> None:
+        """Count the entry; keep it if there is room, or in place of a kept pass if it is not one."""
         namespace = entry.ref.namespace
         counts = self.counts.setdefault(namespace, collections.Counter())
         counts[entry.result] += 1
@@ -186,12 +190,8 @@ def first_seen(report: Mapping[str, Any]) -> dict[str, dict[tuple[str, str, str,
     return found
 
 
-def seen_in(report: Mapping[str, Any], policy: str) -> dict[tuple[str, str, str, str, str], int]:
-    """``first_seen`` of one policy."""
-    return first_seen(report).get(policy, {})
-
-
 def summary(counts: Mapping[str, int]) -> dict[str, int]:
+    """A report's ``summary``: all five counts, zeros included, as openreports readers expect."""
     return {name: int(counts.get(name, 0)) for name in ("pass", "fail", "warn", "error", "skip")}
 
 

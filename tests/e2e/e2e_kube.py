@@ -30,6 +30,8 @@ import yaml
 from envtest import die_with_parent, free_ports
 from pykube.objects import APIObject, NamespacedAPIObject
 
+import builders
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 CRD_FILE = ROOT / "crds" / "admissionpolicy.yaml"
@@ -47,9 +49,8 @@ T = TypeVar("T")
 
 # --- which cluster -------------------------------------------------------------------------------------------
 
-SETUP_HINT = ("export KUBEBUILDER_ASSETS=\"$(../shared/envtest/install.sh)\" (in this repository) or "
-              "KUBEBUILDER_ASSETS=\"$(setup-envtest use 1.28 -p path)\" to start a control plane on loopback, "
-              "or KUBECONFIG=... E2E=1 for a cluster of yours (see tests/e2e/README.md)")
+SETUP_HINT = ("KUBEBUILDER_ASSETS=\"$(setup-envtest use 1.28 -p path)\" (.ci/run sets it) to start a control plane "
+              "on loopback, or KUBECONFIG=... E2E=1 for a cluster of yours (see tests/e2e/README.md)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -376,8 +377,8 @@ def example_policy(example: str) -> dict[str, Any]:
 
 
 def policy_body(name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy",
-            "metadata": {"name": name, "labels": {OWNED_LABEL: "true"}}, "spec": spec}
+    """``builders.policy_body`` labelled as the e2e's own, for the cleanup to find it."""
+    return builders.policy_body(name, metadata={"labels": {OWNED_LABEL: "true"}}, **spec)
 
 
 def example_object(example: str, filename: str, namespace: str, image: str, *, name: str | None = None
@@ -574,7 +575,7 @@ class OperatorProcess:
                        f"ValidatingWebhookConfiguration {name} to be written", self.settings.timeout)
         except AssertionError as exc:
             self._fail(str(exc))
-        probe = policy_body("e2e-reachability-probe", match={"resources": [POD_RULE]},
+        probe = policy_body("e2e-reachability-probe", match={"resources": [builders.CREATE_POD_RULE]},
                             validations=[{"expression": "object.metadata.name.startsWith(", "message": "probe"}])
         deadline = time.monotonic() + self.settings.timeout
         while True:
@@ -591,9 +592,6 @@ class OperatorProcess:
                     "When the API server runs in a container (kind), set E2E_ADVERTISE_HOST to an address "
                     "of this host that the container can reach (see tests/e2e/README.md).")
             time.sleep(1)
-
-
-POD_RULE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE"]}
 
 
 # --- a policy on ConfigMaps that both webhook configurations route (the stop and hardening tests) -------
@@ -623,8 +621,7 @@ def guard_policy() -> dict[str, Any]:
 
 
 def configmap(namespace: str, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}}, "data": {"e2e": "yes"}}
+    return builders.configmap(name, namespace=namespace, labels=labels or {}, data={"e2e": "yes"})
 
 
 def cli() -> list[str]:

@@ -31,7 +31,6 @@ import pytest
 import yaml
 from e2e_kube import (
     FINALIZER,
-    POD_RULE,
     AdmissionPolicy,
     Answer,
     Cluster,
@@ -46,6 +45,8 @@ from e2e_kube import (
     unique,
 )
 from pykube.objects import APIObject
+
+from builders import CREATE_POD_RULE, pod
 
 # The chart's renderer lives with the chart tests (a plain module, like this directory's e2e_kube).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "chart"))
@@ -209,11 +210,6 @@ def client_urls(cluster: Cluster, cls: type[APIObject]) -> set[str]:
     return {webhook["clientConfig"].get("url", "") for webhook in configuration.obj.get("webhooks") or []}
 
 
-def pod(namespace: str, name: str, image: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"containers": [{"name": "main", "image": image}]}}
-
-
 # --- the manifests --------------------------------------------------------------------------------------------
 
 def test_chart_manifests_and_crds_pass_server_side_dry_run(cluster: Cluster, chart: helm.Chart,
@@ -324,8 +320,10 @@ def _lifecycle(cluster: Cluster, op: OperatorProcess, policies: Policies, ns: st
     """A policy created → Active, enforced, edited, deleted — reconciled and served by ``op``."""
     settings = cluster.settings
     timeout = settings.timeout
-    image = settings.pod_image
     name = unique("e2e-chart-rbac")
+
+    def sample(pod_name: str) -> dict[str, Any]:
+        return pod(pod_name, namespace=ns, images=[settings.pod_image])
 
     def phase_of(generation: int) -> Callable[[Answer], bool]:
         return lambda a: (a.ok and (a.obj.get("status") or {}).get("observedGeneration") == generation
@@ -334,7 +332,7 @@ def _lifecycle(cluster: Cluster, op: OperatorProcess, policies: Policies, ns: st
     # Created → Active: finalizer, status, an event where kubectl describe finds it.
     policies.names.append(name)   # deleted after the test, should it fail half-way
     created = cluster.create(AdmissionPolicy, policy_body(
-        name, enforcement="Enforce", match={"resources": [POD_RULE]},
+        name, enforcement="Enforce", match={"resources": [CREATE_POD_RULE]},
         validations=[{"expression": "!object.metadata.name.startsWith('blocked-')",
                       "message": "pod names must not start with blocked-"}]))
     assert created.ok, str(created)
@@ -347,9 +345,9 @@ def _lifecycle(cluster: Cluster, op: OperatorProcess, policies: Policies, ns: st
     wait_event(cluster, op, name, "Active", uid)
 
     # Enforced: a real (not dry-run) denial, which the operator counts and reports as an event.
-    eventually(checked(op, lambda: cluster.create(pykube.Pod, pod(ns, "blocked-probe", image), dry_run=True)),
+    eventually(checked(op, lambda: cluster.create(pykube.Pod, sample("blocked-probe"), dry_run=True)),
                lambda a: not a.ok, "the policy to be enforced", timeout)
-    denied = cluster.create(pykube.Pod, pod(ns, "blocked-pod", image))
+    denied = cluster.create(pykube.Pod, sample("blocked-pod"))
     assert_denied(denied, name, "pod names must not start with blocked-", code=403)
 
     # Edited: a new generation, Active again, the new rule enforced.
@@ -359,10 +357,10 @@ def _lifecycle(cluster: Cluster, op: OperatorProcess, policies: Policies, ns: st
     assert edit.ok, str(edit)
     eventually(checked(op, lambda: cluster.get(AdmissionPolicy, name)), phase_of(2), f"{name} to settle", timeout)
     policies.wait_active(name)
-    banned = eventually(checked(op, lambda: cluster.create(pykube.Pod, pod(ns, "banned-pod", image), dry_run=True)),
+    banned = eventually(checked(op, lambda: cluster.create(pykube.Pod, sample("banned-pod"), dry_run=True)),
                         lambda a: not a.ok, "the edited policy to be enforced", timeout)
     assert_denied(banned, name, "pod names must not start with banned-", code=403)
-    allowed = cluster.create(pykube.Pod, pod(ns, "blocked-but-allowed-now", image), dry_run=True)
+    allowed = cluster.create(pykube.Pod, sample("blocked-but-allowed-now"), dry_run=True)
     assert allowed.ok, str(allowed)
 
     # The denial, aggregated: one event per interval (30 s), not one per request.
@@ -377,7 +375,7 @@ def _lifecycle(cluster: Cluster, op: OperatorProcess, policies: Policies, ns: st
     wait_event(cluster, op, name, "Terminating", uid)
     assert "pods" not in routed_resources(cluster, ValidatingWebhookConfiguration)
     assert all(url.startswith(op.url) for url in client_urls(cluster, ValidatingWebhookConfiguration))
-    after = cluster.create(pykube.Pod, pod(ns, "blocked-after-delete", image), dry_run=True)
+    after = cluster.create(pykube.Pod, sample("blocked-after-delete"), dry_run=True)
     assert after.ok, str(after)
 
 

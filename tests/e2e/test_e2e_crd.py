@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from e2e_kube import CRD_FILE, POD_RULE, ROOT, AdmissionPolicy, Cluster, OperatorProcess, policy_body, unique
+from e2e_kube import CRD_FILE, ROOT, AdmissionPolicy, Cluster, OperatorProcess, policy_body, unique
+
+from builders import CREATE_POD_RULE
 
 pytestmark = pytest.mark.e2e
 
@@ -22,7 +24,7 @@ def test_kubectl_apply_takes_the_crd(cluster: Cluster, path: Any) -> None:
 
 
 def patch_policy(name: str, operation: dict[str, Any]) -> dict[str, Any]:
-    return policy_body(name, match={"resources": [POD_RULE]}, mutations=[{"jsonPatch": [operation]}])
+    return policy_body(name, match={"resources": [CREATE_POD_RULE]}, mutations=[{"jsonPatch": [operation]}])
 
 
 def test_crd_rules_and_the_webhook_refuse_malformed_patch_operations(
@@ -32,7 +34,7 @@ def test_crd_rules_and_the_webhook_refuse_malformed_patch_operations(
     answer = cluster.create(AdmissionPolicy, patch_policy(name, {"op": "remove", "path": "/metadata/labels/x",
                                                                  "valueExpression": "'x'"}), dry_run=True)
     assert answer.status == 422 and "remove, copy and move take no valueExpression" in answer.message, answer
-    answer = cluster.create(AdmissionPolicy, policy_body(name, match={"resources": [POD_RULE]}), dry_run=True)
+    answer = cluster.create(AdmissionPolicy, policy_body(name, match={"resources": [CREATE_POD_RULE]}), dry_run=True)
     assert answer.status == 422 and "a policy needs at least one validation or mutation" in answer.message, answer
 
     # `value` is untyped, so the API server's CEL cannot see it: the operator's webhook checks it.

@@ -217,7 +217,7 @@ def _create_widget(cluster: Cluster, group: str, ns: str, widget: dict[str, Any]
 def test_kopf_run_prints_whole_logger_names(operator: OperatorProcess) -> None:
     """`kopf run` formats names as %(name)-20.20s: the operator's lines read "admission_policy.ope"."""
     log = operator.log_path.read_text(errors="replace")
-    assert re.search(r"\] admission_policy\.operator\.handlers +\[INFO", log), operator.log_tail()
+    assert re.search(r"\] admission_policy\.operator\.lifecycle +\[INFO", log), operator.log_tail()
     assert not re.search(r"\] admission_policy\.ope +\[", log)
 
 

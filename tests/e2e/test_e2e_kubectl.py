@@ -15,7 +15,6 @@ import pytest
 import yaml
 from e2e_kube import (
     OWNED_LABEL,
-    POD_RULE,
     AdmissionPolicy,
     Answer,
     Cluster,
@@ -27,6 +26,8 @@ from e2e_kube import (
     unique,
 )
 
+from builders import CREATE_POD_RULE
+
 pytestmark = pytest.mark.e2e
 
 GOOD = {"expression": "object.metadata.name != 'e2e-reserved'", "message": "the name e2e-reserved is reserved"}
@@ -34,7 +35,7 @@ BROKEN = {"expression": "object.metadata.name.startsWith(", "message": "never co
 
 
 def manifest(name: str, validation: dict[str, str], **labels: str) -> str:
-    body = policy_body(name, enforcement="Enforce", match={"resources": [POD_RULE]}, validations=[validation])
+    body = policy_body(name, enforcement="Enforce", match={"resources": [CREATE_POD_RULE]}, validations=[validation])
     body["metadata"]["labels"].update(labels)
     return yaml.safe_dump(body)
 

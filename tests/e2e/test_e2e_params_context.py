@@ -29,16 +29,12 @@ from e2e_kube import (
     unique,
 )
 
+from builders import deployment
+
 pytestmark = pytest.mark.e2e
 
 QUOTA = "deployment-quota"
-
-
-def deployment(name: str, namespace: str, image: str, replicas: int, cpu: str) -> dict[str, Any]:
-    container = {"name": "app", "image": image, "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}}}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"replicas": replicas, "paused": True, "selector": {"matchLabels": {"app": name}},
-                     "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [container]}}}}
+HALF_A_CPU = {"requests": {"cpu": "500m", "memory": "64Mi"}}   # what each Pod of the Deployments requests
 
 
 def quota(namespace: str, cpu: str) -> dict[str, Any]:
@@ -70,17 +66,20 @@ def test_deployment_quota_admits_up_to_the_limit_per_namespace_and_follows_the_c
 
     # Up to the limit of namespace `small` (2 CPU): 2 × 500m, then 2 × 500m.
     for name in ("api", "web"):
-        created = cluster.create(pykube.Deployment, deployment(name, small, image, 2, "500m"))
+        created = cluster.create(pykube.Deployment, deployment(name, namespace=small, image=image, replicas=2,
+                                                               paused=True, resources=HALF_A_CPU))
         assert created.ok, str(created)
     # One more Pod's worth would exceed it, once the cache has seen both.
-    over = denied_once_seen(cluster, lambda: cluster.create(pykube.Deployment, deployment(
-        "worker", small, image, 1, "500m"), dry_run=True), "the Deployment over the quota to be denied")
+    worker = deployment("worker", namespace=small, image=image, replicas=1, paused=True, resources=HALF_A_CPU)
+    over = denied_once_seen(cluster, lambda: cluster.create(pykube.Deployment, worker, dry_run=True),
+                            "the Deployment over the quota to be denied")
     assert_denied(over, QUOTA, f"would bring the CPU requested by Deployments in namespace {small} to 2500m",
                   "in use: 2, requested: 1 × 500m", f"over the limit of 2 in ConfigMap {small}/{QUOTA}", code=403)
 
     # The same Deployment in namespace `large` (4 CPU) is admitted: its own param, its own Deployments.
     for name in ("api", "web", "worker"):
-        created = cluster.create(pykube.Deployment, deployment(name, large, image, 2, "500m"))
+        created = cluster.create(pykube.Deployment, deployment(name, namespace=large, image=image, replicas=2,
+                                                               paused=True, resources=HALF_A_CPU))
         assert created.ok, f"{name} in {large}: {created}"
 
     # kubectl scale past the limit: the Scale has no Pod template, the policy reads it from context.

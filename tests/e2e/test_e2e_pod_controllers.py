@@ -24,19 +24,12 @@ from e2e_kube import (
     example_policy,
 )
 
+from builders import deployment
+
 pytestmark = pytest.mark.e2e
 
 BASELINE = "pod-security-baseline"
 DEFAULTS = "default-resources"
-
-
-def deployment(name: str, namespace: str, image: str, *, privileged: bool = False) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "app", "image": image}
-    if privileged:
-        container["securityContext"] = {"privileged": True}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
-                     "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [container]}}}}
 
 
 def apply(cluster: Cluster, body: dict[str, Any], *, check: bool = True) -> Any:
@@ -58,14 +51,14 @@ def test_a_privileged_deployment_is_denied_at_apply_and_a_compliant_one_admitted
     assert "Deployment" in applied["status"]["podControllers"]["kinds"]
     assert {"deployments", "cronjobs", "replicasets"} <= routed_resources(cluster)
 
-    privileged = deployment("privileged-web", ns, image, privileged=True)
+    privileged = deployment("privileged-web", namespace=ns, image=image, privileged=True)
     refused = eventually(lambda: apply(cluster, privileged, check=False), lambda r: r.returncode != 0,
                          "kubectl apply of a privileged Deployment to be refused", cluster.settings.timeout)
     assert f'AdmissionPolicy "{BASELINE}" denied the request: the Pod template of Deployment "privileged-web" ' \
            "would violate the policy: Privileged Containers:" in refused.stderr, refused.stderr
     assert cluster.get(pykube.Deployment, "privileged-web", ns).status == 404
 
-    compliant = deployment("web", ns, image)
+    compliant = deployment("web", namespace=ns, image=image)
     assert "deployment.apps/web created" in apply(cluster, compliant).stdout
     replica_sets = eventually(lambda: cluster.items(pykube.ReplicaSet, namespace=ns), lambda items: bool(items),
                               "the Deployment's ReplicaSet to be created (and admitted)", cluster.settings.timeout)
@@ -81,7 +74,7 @@ def test_a_pod_mutation_patches_a_deployment_template(cluster: Cluster, policies
                                                       namespace: Callable[..., str]) -> None:
     ns = namespace()
     policies.apply_example(DEFAULTS)
-    bare = deployment("shop", ns, cluster.settings.pod_image)
+    bare = deployment("shop", namespace=ns, image=cluster.settings.pod_image)
 
     def mutated(answer: Answer) -> bool:
         containers = answer.obj.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or [{}]
@@ -99,10 +92,10 @@ def test_a_deployment_admitted_before_the_policy_can_be_scaled_and_updated(
         cluster: Cluster, policies: Policies, namespace: Callable[..., str]) -> None:
     ns = namespace()
     image = cluster.settings.pod_image
-    apply(cluster, deployment("legacy", ns, image, privileged=True))
+    apply(cluster, deployment("legacy", namespace=ns, image=image, privileged=True))
     policies.apply_example(BASELINE)
-    eventually(lambda: cluster.create(pykube.Deployment, deployment("probe", ns, image, privileged=True),
-                                      dry_run=True), lambda a: not a.ok,
+    probe = deployment("probe", namespace=ns, image=image, privileged=True)
+    eventually(lambda: cluster.create(pykube.Deployment, probe, dry_run=True), lambda a: not a.ok,
                "the policy to be routed for Deployments", cluster.settings.timeout)
 
     scaled = cluster.kubectl("scale", "deployment/legacy", "--replicas=3", "-n", ns)

@@ -6,7 +6,6 @@ from collections.abc import Callable
 import pykube
 import pytest
 from e2e_kube import (
-    POD_RULE,
     AdmissionPolicy,
     Cluster,
     MutatingWebhookConfiguration,
@@ -19,6 +18,8 @@ from e2e_kube import (
 )
 from pykube.exceptions import HTTPError
 
+from builders import CREATE_POD_RULE
+
 pytestmark = pytest.mark.e2e
 
 OFFENSIVE = "deny-offensive-pod-names"
@@ -26,7 +27,7 @@ OFFENSIVE = "deny-offensive-pod-names"
 
 def test_a_policy_whose_cel_does_not_compile_is_refused(cluster: Cluster, policies: Policies) -> None:
     name = "e2e-invalid-cel"
-    broken = policy_body(name, match={"resources": [POD_RULE]},
+    broken = policy_body(name, match={"resources": [CREATE_POD_RULE]},
                          validations=[{"expression": "object.metadata.name.startsWith(", "message": "never stored"}])
     policies.names.append(name)  # deleted afterwards, should it be stored after all
     # `kubectl apply -f` of a new object is a create.
@@ -41,7 +42,7 @@ def test_a_policy_whose_cel_does_not_compile_is_refused(cluster: Cluster, polici
 
     # A broken edit of a good policy is refused too; the good generation stays enforced.
     good = policies.apply(policy_body(
-        "e2e-evolving", match={"resources": [POD_RULE]},
+        "e2e-evolving", match={"resources": [CREATE_POD_RULE]},
         validations=[{"expression": "object.metadata.name != 'e2e-reserved'", "message": "the name is reserved"}]))
     edit = cluster.merge_patch(AdmissionPolicy, "e2e-evolving",
                                {"spec": {"validations": [{"expression": "1 + 'x' == 2", "message": "m"}]}})

@@ -46,7 +46,7 @@ from replicas import Replicas, replicas
 from traffic import Figures, PolicyDriver, Timeline, Traffic, Variant, report, scaled
 
 from admission_policy.operator import certificates
-from admission_policy.operator.settings import OperatorSettings
+from admission_policy.operator.config import OperatorConfig
 
 pytestmark = pytest.mark.e2e
 
@@ -271,7 +271,7 @@ def test_renewal_and_a_deleted_secret_under_load_with_two_replicas(
 
 def expired_bundle(cluster: Cluster) -> certificates.CertificateBundle:
     """A CA and serving certificate for this host, issued long enough ago that both have expired."""
-    settings = OperatorSettings(namespace=cluster.settings.operator_namespace,
+    settings = OperatorConfig(namespace=cluster.settings.operator_namespace,
                                 advertise_host=cluster.settings.advertise_host)
     issued = datetime.datetime.now(datetime.UTC) - certificates.CA_LIFETIME - datetime.timedelta(days=1)
     return certificates.generate_bundle(certificates.serving_hosts(settings), issued)
@@ -322,7 +322,7 @@ def test_a_ca_expired_before_the_operator_starts_is_replaced_without_an_admin(
     assert bundle is not None and served is not None
     assert bundle.ca_cert_pem != expired.ca_cert_pem
     assert expired.ca_cert_pem not in bundle.previous_ca_pems, "an expired CA was kept in the bundle"
-    hosts = certificates.serving_hosts(OperatorSettings(namespace=own, advertise_host=cluster.settings.advertise_host))
+    hosts = certificates.serving_hosts(OperatorConfig(namespace=own, advertise_host=cluster.settings.advertise_host))
     assert not bundle.needs_renewal(now, hosts), "the Secret's new certificates are not valid for long"
     assert issuer_id(served) == ca_id(bundle), "the replica does not serve the Secret's certificate"
     assert all(cas == {ca_id(bundle)} for cas in trusted.values()), f"caBundle: {trusted}"

@@ -29,6 +29,7 @@ from replicas import replicas
 from traffic import Figures, PolicyDriver, Timeline, Traffic, Variant, configmap, report, scaled
 
 from admission_policy.operator.webhook import MIN_IDLE_TO_EVICT
+from builders import review
 
 pytestmark = pytest.mark.e2e
 
@@ -191,12 +192,9 @@ class Abuser:
 
     def review(self, name: str) -> bytes:
         """A ConfigMap create in the traffic's namespace, as the API server would send it."""
-        return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-            "uid": unique(name), "operation": "CREATE", "namespace": self.namespace, "name": name,
-            "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
-            "resource": {"group": "", "version": "v1", "resource": "configmaps"},
-            "userInfo": {"username": "abuser"}, "dryRun": True,
-            "object": configmap(self.namespace, name), "oldObject": None}}).encode()
+        return json.dumps(review(configmap(self.namespace, name), resource="configmaps", kind="ConfigMap", name=name,
+                                 namespace=self.namespace, uid=unique(name), user_info={"username": "abuser"},
+                                 dryRun=True)).encode()
 
     async def run(self) -> Abuse:
         self.result.started = time.monotonic()

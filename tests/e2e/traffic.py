@@ -36,6 +36,8 @@ import pykube
 import requests
 from e2e_kube import OWNED_LABEL, AdmissionPolicy, Answer, Cluster, eventually, policy_body
 
+import builders
+
 SCALE = float(os.environ.get("RELIABILITY_SCALE", "").strip() or 1)
 
 Effect = Literal["deny", "warn", "none"]
@@ -92,8 +94,8 @@ class Sent:
 
 
 def configmap(namespace: str, name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace},
-            "data": {"payload": "x"}}
+    """The object each request of the traffic creates (``Traffic``'s default ``body``)."""
+    return builders.configmap(name, namespace=namespace, data={"payload": "x"})
 
 
 class Traffic:

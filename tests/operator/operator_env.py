@@ -5,6 +5,7 @@ import base64
 import contextlib
 import json
 import pathlib
+import random
 import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -15,16 +16,34 @@ import pytest
 import yaml
 from emulator import ADMISSION_POLICIES, VALIDATING_WEBHOOK_CONFIGURATIONS, Emulator, RunningOperator, wait_for
 
+from admission_policy import api
+from builders import AUTHENTICATED_ALICE, CREATE_POD_RULE, admission_request, container, pod, policy_body
+
 MODULE = "admission_policy.operator.handlers"
 CONFIG_NAME = "admission-policy-operator"
 NAMESPACE = "admission-policy-system"
-POD_RULE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE", "UPDATE"]}
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port free now, below the kernel's ephemeral range: a port the kernel handed out (bind to 0)
+    is also where it places outgoing connections, so one of the test's own clients could take it
+    before the operator binds it ("address already in use")."""
+    low = _ephemeral_low()
+    while True:
+        port = random.randrange(max(1024, low - 12_000), low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def operator_environment(monkeypatch: pytest.MonkeyPatch, cert_dir: pathlib.Path) -> dict[str, str]:
@@ -44,12 +63,6 @@ async def operator_running(
 ) -> AsyncIterator[RunningOperator]:
     async with run_operator(module=MODULE, startup_timeout=20) as op:
         yield op
-
-
-def policy_body(name: str, **spec: Any) -> dict[str, Any]:
-    spec.setdefault("match", {"resources": [POD_RULE]})
-    return {"apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy",
-            "metadata": {"name": name}, "spec": spec}
 
 
 def phase(emulator: Emulator, name: str) -> str | None:
@@ -77,7 +90,6 @@ def ca_context(ca_bundle_b64: str) -> ssl.SSLContext:
 # --- the webhook server with the example policies loaded (the ``serving`` fixture, conftest.py) --------------
 
 EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
-CREATE_POD_RULE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE"]}
 
 
 def example_policy(directory: str) -> dict[str, Any]:
@@ -140,18 +152,18 @@ def webhook_client(emulator: Emulator, env: dict[str, str]) -> Webhook:
 
 def pod_request(name: str, labels: dict[str, str] | None = None, image: str = "nginx:1.27",
                 uid: str = "b0c1a2d3-0000-4000-8000-000000000001") -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name, "namespace": "default"}
-    if labels is not None:
-        metadata["labels"] = labels
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
-           "spec": {"containers": [{"name": name, "image": image, "resources": {}}], "restartPolicy": "Always"}}
-    return {
-        "uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-        "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-        "name": name, "namespace": "default", "operation": "CREATE",
-        "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
-        "object": pod, "oldObject": None, "dryRun": False,
-        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions", "fieldManager": "kubectl-run"},
-    }
+    """What the API server sends the webhook for `kubectl run <name> --image <image>`."""
+    created = pod(name, labels=labels, containers=[container(name, image, resources={})], restartPolicy="Always")
+    return admission_request(created, kind="Pod", name=name, uid=uid, user_info=AUTHENTICATED_ALICE,
+                             requestKind={"group": "", "version": "v1", "kind": "Pod"},
+                             requestResource={"group": "", "version": "v1", "resource": "pods"}, dryRun=False,
+                             options={"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions",
+                                      "fieldManager": "kubectl-run"})
+
+
+def policy_request(policy: dict[str, Any], *, operation: str = "CREATE", old: dict[str, Any] | None = None,
+                   uid: str = "c0ffee00-0000-4000-8000-00000000f022") -> dict[str, Any]:
+    """What the API server sends the policy webhook for `kubectl apply` of ``policy``."""
+    return admission_request(policy, operation=operation, old=old, resource="admissionpolicies", group=api.GROUP,
+                             version=api.VERSION, kind=api.KIND, name=policy["metadata"]["name"], namespace=None,
+                             uid=uid, user_info={"username": "admin"})

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import pathlib
 from typing import Any
 
@@ -10,17 +11,17 @@ import pytest
 import yaml
 from emulator import ADMISSION_POLICIES, CONFIGMAPS, Emulator, wait_for
 from operator_env import (
-    CREATE_POD_RULE,
     NAMESPACE,
     operator_environment,
     operator_running,
     pod_request,
-    policy_body,
     wait_phase,
     webhook_client,
 )
 
+import builders
 from admission_policy import reports
+from builders import CREATE_POD_RULE, policy_body
 
 REPORT_CRDS = pathlib.Path(__file__).parents[2] / "charts" / "admission-policy-operator" / "files" / \
     "openreports-crds.yaml"
@@ -38,9 +39,7 @@ def env(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> dict[str, st
     return env
 
 
-def configmap(name: str, namespace: str = "apps", **labels: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace,
-                                                                  "labels": labels}}
+configmap = functools.partial(builders.configmap, namespace="apps")   # where the audited objects are
 
 
 def audit_status(emulator: Emulator, name: str) -> dict[str, Any]:
@@ -52,8 +51,8 @@ async def test_existing_objects_are_scanned_into_status_and_one_report_written_o
     for crd in yaml.safe_load_all(REPORT_CRDS.read_text()):
         emulator.declare_crd(crd)
     emulator.kmock.put_object(CONFIGMAPS, configmap("bad"))
-    emulator.kmock.put_object(CONFIGMAPS, configmap("good", team="a"))
-    emulator.kmock.put_object(CONFIGMAPS, configmap("exempt", **{"policy-operator.dev/exempt": "true"}))
+    emulator.kmock.put_object(CONFIGMAPS, configmap("good", labels={"team": "a"}))
+    emulator.kmock.put_object(CONFIGMAPS, configmap("exempt", labels={"policy-operator.dev/exempt": "true"}))
     emulator.kmock.put_object(CONFIGMAPS, configmap("ours", namespace=NAMESPACE))   # the operator's namespace
     async with operator_running(run_operator):
         await emulator.create(ADMISSION_POLICIES, policy_body(

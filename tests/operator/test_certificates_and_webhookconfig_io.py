@@ -14,21 +14,21 @@ from emulator import (
 )
 from kubernetes_asyncio import client
 
+from admission_policy.cluster.discovery import DiscoveredResource
+from admission_policy.cluster.routing import RouteRule
 from admission_policy.operator.certificates import (
     SERVING_LIFETIME,
     bundle_from_secret_data,
     ensure_certificates,
 )
-from admission_policy.operator.settings import OperatorSettings
+from admission_policy.operator.config import OperatorConfig
 from admission_policy.operator.webhookconfig import (
-    DiscoveredResource,
-    RouteRule,
     apply_configurations,
     build_mutating_configuration,
     build_validating_configuration,
 )
 
-SETTINGS = OperatorSettings(namespace="ap-system")
+SETTINGS = OperatorConfig(namespace="ap-system")
 NOW = datetime.datetime.now(datetime.UTC)
 DISCOVERED = [DiscoveredResource("", "v1", "pods", ("status", "exec"))]
 

@@ -17,20 +17,18 @@ from click.testing import CliRunner
 from emulator import CONFIGMAPS, NAMESPACES, SECRETS, Emulator
 
 from admission_policy.cli import main
+from builders import policy_body, rule
 
 FORBIDDEN = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403, "reason": "Forbidden",
              "message": 'configmaps is forbidden: User "ci" cannot list resource "configmaps"'}
 
 
 def policy(path: Path, enforcement: str) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy", "metadata": {"name": "team-label"},
-        "spec": {"enforcement": enforcement, "match": {
-            "namespaceSelector": {"matchLabels": {"audited": "yes"}},
-            "resources": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps", "secrets"],
-                           "operations": ["CREATE", "UPDATE"]}]},
-            "validations": [{"expression": "has(object.metadata.labels) && 'team' in object.metadata.labels",
-                             "message": "a team label is required"}]}}))
+    path.write_text(yaml.safe_dump(policy_body(
+        "team-label", rules=[rule("configmaps", "secrets")], enforcement=enforcement,
+        match={"namespaceSelector": {"matchLabels": {"audited": "yes"}}},
+        validations=[{"expression": "has(object.metadata.labels) && 'team' in object.metadata.labels",
+                      "message": "a team label is required"}])))
     return path
 
 

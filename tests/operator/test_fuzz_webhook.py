@@ -19,13 +19,16 @@ import copy
 import http.client
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from operator_env import Webhook, pod_request, policy_body
+from operator_env import Webhook, pod_request, policy_request
+
+from builders import policy_body
+from jsonpaths import get, paths
 
 # The operator serves from the test's event loop in another thread while hypothesis draws examples,
 # and its libraries use the `random` module meanwhile: hypothesis takes that for the strategies'.
@@ -132,28 +135,7 @@ def encode(value: Any) -> bytes:
     return json.dumps(value, allow_nan=True).encode("ascii")
 
 
-def policy_request(policy: dict[str, Any]) -> dict[str, Any]:
-    """What the API server sends the policy webhook for `kubectl apply` of ``policy``."""
-    return {"uid": "c0ffee00-0000-4000-8000-00000000f022", "operation": "CREATE", "name": "fuzzed",
-            "kind": {"group": "policy-operator.dev", "version": "v1alpha1", "kind": "AdmissionPolicy"},
-            "resource": {"group": "policy-operator.dev", "version": "v1alpha1", "resource": "admissionpolicies"},
-            "userInfo": {"username": "admin"}, "object": policy, "oldObject": None}
-
-
 # --- structure: a valid review with fields replaced, removed or added ----------------------------------------
-
-Path = tuple[str | int, ...]
-
-
-def paths(value: Any, prefix: Path = ()) -> Iterator[Path]:
-    yield prefix
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from paths(item, (*prefix, key))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from paths(item, (*prefix, index))
-
 
 POD_REVIEW = review_of(pod_request("offensive-pod", labels={"team": "a", "acme.com/lifespan-requested": "3"}))
 POLICY_REVIEW = review_of(policy_request(policy_body(
@@ -182,9 +164,7 @@ def edited_review(draw: st.DrawFn) -> tuple[str, bytes]:
         place = draw(st.sampled_from(places))
         action = draw(st.sampled_from(["replace", "delete", "add"]))
         try:
-            target = body
-            for step in place[:-1]:
-                target = target[step]
+            target = get(body, place[:-1])
             if action == "replace" and place:
                 target[place[-1]] = draw(VALUES)
             elif action == "delete" and place:

@@ -9,19 +9,20 @@ from typing import Any
 
 import kmock
 import pytest
-from emulator import ADMISSION_POLICIES, CONFIGMAPS, Emulator, wait_for
+from emulator import ADMISSION_POLICIES, CONFIGMAPS, SECRETS, Emulator, wait_for
 from kubernetes_asyncio import client
 from operator_env import (
-    CREATE_POD_RULE,
     operator_environment,
     operator_running,
     pod_request,
-    policy_body,
     wait_phase,
     webhook_client,
 )
 
-from admission_policy.operator import kube
+from admission_policy.cluster import client as kube
+from admission_policy.cluster.discovery import Discovery
+from admission_policy.cluster.watch import list_and_watch
+from builders import CREATE_POD_RULE, policy_body
 
 
 async def never() -> None:
@@ -36,7 +37,7 @@ def short_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
 
 async def test_a_call_without_an_answer_is_a_504_naming_the_wait(emulator: Emulator, short_timeout: None) -> None:
     emulator.kmock["list", kmock.resource(CONFIGMAPS)] << never
-    async with client.ApiClient(client.Configuration(host=emulator.url)) as api:
+    async with kube.BoundedApiClient(client.Configuration(host=emulator.url)) as api:
         status, answer = await kube.call_json(api, "GET", kube.resource_path("", "v1", "configmaps"))
         assert (status, answer) == (504, {"message": "no answer from the API server within 0.5 s"})
         status, _ = await kube.call_json(api, "GET", kube.resource_path("", "v1", "secrets"))
@@ -44,16 +45,53 @@ async def test_a_call_without_an_answer_is_a_504_naming_the_wait(emulator: Emula
 
 
 async def test_an_api_server_that_cannot_be_reached_is_a_503(short_timeout: None) -> None:
-    async with client.ApiClient(client.Configuration(host="http://127.0.0.1:9")) as api:
+    async with kube.BoundedApiClient(client.Configuration(host="http://127.0.0.1:9")) as api:
         status, answer = await kube.call_json(api, "GET", "/api/v1/namespaces")
     assert status == 503 and answer["message"].startswith("cannot reach the API server: "), answer
 
 
+async def test_a_typed_call_without_an_answer_is_a_504_naming_the_wait(emulator: Emulator,
+                                                                      short_timeout: None) -> None:
+    """What the certificate renewal, the configuration writer and the events call: one connection
+    left half-open must not stall them for ever."""
+    emulator.kmock["get", kmock.resource(SECRETS)] << never
+    api = await kube.new_api_client()   # the emulator's kubeconfig
+    async with api:
+        with pytest.raises(client.ApiException) as raised:
+            async with asyncio.timeout(30):   # a guard: without a bound, the call never ends
+                await client.CoreV1Api(api).read_namespaced_secret("certificates", "default")
+        assert (raised.value.status, raised.value.reason) == (504, "no answer from the API server within 0.5 s")
+        listing = await client.CoreV1Api(api).list_namespace()
+        assert listing.items is not None   # the next call is served as usual
+
+
+async def test_a_watch_outlives_the_calls_time_limit(emulator: Emulator, short_timeout: None) -> None:
+    """A watch waits for events for minutes: it keeps its own read timeout, not the calls' limit."""
+    seen: list[str] = []
+    failures: list[str] = []
+    api = await kube.new_api_client()
+    async with api:
+        core = client.CoreV1Api(api)
+        watching = asyncio.create_task(list_and_watch(
+            "config maps", core.list_config_map_for_all_namespaces,
+            lambda kind, body: seen.append(f"{kind} {body['metadata']['name']}"), lambda names: None,
+            asyncio.Event(), on_error=failures.append))
+        try:
+            await wait_for(lambda: emulator.is_watched(CONFIGMAPS))
+            await asyncio.sleep(3 * kube.CALL_TIMEOUT)   # silent for longer than a call may take
+            await emulator.create(CONFIGMAPS, {"metadata": {"name": "late", "namespace": "default"}})
+            await wait_for(lambda: "ADDED late" in seen)
+        finally:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+    assert failures == []
+
+
 async def test_discovery_without_an_answer_raises_naming_the_path(emulator: Emulator, short_timeout: None) -> None:
     emulator.kmock["get", "/apis"] << never
-    async with client.ApiClient(client.Configuration(host=emulator.url)) as api:
+    async with kube.BoundedApiClient(client.Configuration(host=emulator.url)) as api:
         with pytest.raises(client.ApiException) as raised:
-            await kube.Discovery(api).resources()
+            await Discovery(api).resources()
     assert raised.value.status == 504 and "discovery of /apis: no answer from the API server" in str(raised.value)
 
 

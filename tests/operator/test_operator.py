@@ -32,13 +32,13 @@ from operator_env import (
     operator_environment,
     operator_running,
     phase,
-    policy_body,
+    pod_request,
     wait_phase,
     webhook_client,
 )
-from test_webhook_tls import pod_request
 
-from admission_policy.operator import watcher
+from admission_policy.cluster import watch as cluster_watch
+from builders import AUTHENTICATED_ALICE, admission_request, policy_body
 
 FINALIZER = "policy-operator.dev/finalizer"
 DENY_BAD = [{"expression": "object.metadata.name != 'bad'", "message": "bad name"}]
@@ -74,7 +74,7 @@ async def test_the_log_names_the_policy_in_each_transition_and_kopf_lines_stay_b
             await emulator.create(ADMISSION_POLICIES, policy_body("deny-bad", validations=DENY_BAD))
             await wait_phase(emulator, "deny-bad", "Active")
     lines = [(r.name, r.levelno, r.getMessage()) for r in caplog.records]
-    assert ("admission_policy.operator.handlers", logging.INFO,
+    assert ("admission_policy.operator.reconcile", logging.INFO,
             "AdmissionPolicy deny-bad: (new) → Active: the policy is enforced for every resource it matches") in lines
     # Kopf's "Handler 'reconcile' succeeded." (and one line per admission request) are DEBUG.
     assert not [line for line in lines if line[0] == "kopf.objects" and line[1] == logging.INFO]
@@ -88,7 +88,7 @@ def policy_requests(emulator: Emulator, action: Any) -> int:
 
 async def test_a_watch_that_times_out_is_resumed_without_listing_again(
         emulator: Emulator, run_operator: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(watcher, "WATCH_SECONDS", 1)
+    monkeypatch.setattr(cluster_watch, "WATCH_SECONDS", 1)
     async with operator_running(run_operator):
         await emulator.create(ADMISSION_POLICIES, policy_body("deny-bad", validations=DENY_BAD))
         await wait_phase(emulator, "deny-bad", "Active")
@@ -105,7 +105,7 @@ async def test_a_watch_that_times_out_is_resumed_without_listing_again(
 async def test_a_watch_too_old_to_resume_lists_again_at_once(
         emulator: Emulator, run_operator: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(watcher, "WATCH_SECONDS", 1)
+    monkeypatch.setattr(cluster_watch, "WATCH_SECONDS", 1)
 
     def lists() -> int:
         return policy_requests(emulator, kmock.action.LIST)
@@ -160,8 +160,8 @@ async def test_a_new_generation_is_observed_and_a_broken_one_keeps_the_old_enfor
 
 async def test_a_resource_the_cluster_does_not_serve_is_degraded(
         emulator: Emulator, run_operator: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from admission_policy.operator import handlers
-    monkeypatch.setattr(handlers, "DISCOVERY_GRACE", 0.5)   # Degraded after asking discovery again
+    from admission_policy.operator import reconcile
+    monkeypatch.setattr(reconcile, "DISCOVERY_GRACE", 0.5)   # Degraded after asking discovery again
     rules = [{"apiGroups": ["acme.com"], "apiVersions": ["v1"], "resources": ["widgets"], "operations": ["CREATE"]}]
     async with operator_running(run_operator):
         await emulator.create(ADMISSION_POLICIES, policy_body("widgets", validations=DENY_BAD,
@@ -291,9 +291,9 @@ async def test_a_certificate_near_expiry_is_renewed_with_both_cas_trusted(
     import os
 
     from admission_policy.operator import certificates
-    from admission_policy.operator.settings import OperatorSettings
+    from admission_policy.operator.config import OperatorConfig
 
-    settings = OperatorSettings.from_env(os.environ)
+    settings = OperatorConfig.from_env(os.environ)
     hosts = certificates.serving_hosts(settings)
     # Issued ~300 days ago: less than a third of its year remains, so it is due for renewal.
     old = certificates.generate_bundle(hosts, datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=300))
@@ -439,14 +439,13 @@ async def test_policies_are_pending_while_their_configurations_are_lost_and_acti
 async def test_a_policy_for_a_crd_created_a_moment_ago_is_never_degraded(
         emulator: Emulator, run_operator: Any, env: dict[str, str]) -> None:
     """Issue 18 #7: discovery cached for a minute made such a policy Degraded meanwhile."""
-    from admission_policy.operator import handlers
+    from admission_policy.operator import state
     rules = [{"apiGroups": ["acme.com"], "apiVersions": ["v1"], "resources": ["widgets"], "operations": ["CREATE"]}]
     phases: list[str | None] = []
     async with operator_running(run_operator) as op:
         await emulator.create(ADMISSION_POLICIES, policy_body("deny-bad", validations=DENY_BAD))
         await wait_phase(emulator, "deny-bad", "Active")
-        assert handlers._operator is not None
-        await handlers._operator.discovery.resources()   # cached now, without widgets
+        await state.operator().discovery.resources()   # cached now, without widgets
         emulator.declare_crd(widget_crd())
         await emulator.create(ADMISSION_POLICIES, policy_body("widgets", validations=DENY_BAD,
                                                               match={"resources": rules}))
@@ -466,17 +465,15 @@ def widget_crd() -> dict[str, Any]:
                                                                   "x-kubernetes-preserve-unknown-fields": True}}}]}}
 
 
-def admission_request(resource: str, kind: str, name: str, *, group: str = "", version: str = "v1",
-                      namespace: str = "", operation: str = "UPDATE", labels: dict[str, str] | None = None,
-                      dry_run: bool = False, uid: str = "b0c1a2d3-0000-4000-8000-0000000000aa") -> dict[str, Any]:
-    """An AdmissionReview request for any object, as the API server sends it."""
+def request_for(resource: str, kind: str, name: str, *, group: str = "", version: str = "v1", namespace: str = "",
+                operation: str = "UPDATE") -> dict[str, Any]:
+    """What the API server sends the webhook for an object of any kind (``namespace``: "" if cluster-scoped)."""
     body = {"apiVersion": f"{group}/{version}".lstrip("/"), "kind": kind,
-            "metadata": {"name": name, **({"namespace": namespace} if namespace else {}), "labels": labels or {}}}
-    return {"uid": uid, "kind": {"group": group, "version": version, "kind": kind},
-            "resource": {"group": group, "version": version, "resource": resource},
-            "name": name, "namespace": namespace, "operation": operation,
-            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
-            "object": body, "oldObject": body if operation == "UPDATE" else None, "dryRun": dry_run}
+            "metadata": {"name": name, **({"namespace": namespace} if namespace else {}), "labels": {}}}
+    return admission_request(body, operation=operation, old=body if operation == "UPDATE" else None,
+                             resource=resource, group=group, version=version, kind=kind, name=name,
+                             namespace=namespace, uid="b0c1a2d3-0000-4000-8000-0000000000aa",
+                             user_info=AUTHENTICATED_ALICE, dryRun=False)
 
 
 WILDCARD = {"apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"], "operations": ["*"]}
@@ -492,21 +489,21 @@ async def test_a_wildcard_policy_never_judges_the_operators_own_api_or_namespace
         await wait_phase(emulator, "needs-team", "Active")
         webhook = webhook_client(emulator, env)
         judged = [
-            admission_request("configmaps", "ConfigMap", "cm", namespace="default"),
-            admission_request("customresourcedefinitions", "CustomResourceDefinition", "widgets.acme.com",
-                              group="apiextensions.k8s.io"),
+            request_for("configmaps", "ConfigMap", "cm", namespace="default"),
+            request_for("customresourcedefinitions", "CustomResourceDefinition", "widgets.acme.com",
+                        group="apiextensions.k8s.io"),
         ]
         never_judged = [
-            admission_request("admissionpolicies", "AdmissionPolicy", "needs-team", group="policy-operator.dev",
-                              version="v1alpha1"),
-            admission_request("admissionpolicies", "AdmissionPolicy", "needs-team", group="policy-operator.dev",
-                              version="v1alpha1", operation="DELETE"),
-            admission_request("customresourcedefinitions", "CustomResourceDefinition",
-                              "admissionpolicies.policy-operator.dev", group="apiextensions.k8s.io"),
-            admission_request("clusterkopfpeerings", "ClusterKopfPeering", "peering", group="kopf.dev"),
-            admission_request("secrets", "Secret", "tls", namespace=NAMESPACE),
-            admission_request("configmaps", "ConfigMap", "cm", namespace="kube-system"),
-            admission_request("namespaces", "Namespace", NAMESPACE, namespace=NAMESPACE),
+            request_for("admissionpolicies", "AdmissionPolicy", "needs-team", group="policy-operator.dev",
+                        version="v1alpha1"),
+            request_for("admissionpolicies", "AdmissionPolicy", "needs-team", group="policy-operator.dev",
+                        version="v1alpha1", operation="DELETE"),
+            request_for("customresourcedefinitions", "CustomResourceDefinition",
+                        "admissionpolicies.policy-operator.dev", group="apiextensions.k8s.io"),
+            request_for("clusterkopfpeerings", "ClusterKopfPeering", "peering", group="kopf.dev"),
+            request_for("secrets", "Secret", "tls", namespace=NAMESPACE),
+            request_for("configmaps", "ConfigMap", "cm", namespace="kube-system"),
+            request_for("namespaces", "Namespace", NAMESPACE, namespace=NAMESPACE),
         ]
         for request in judged:
             response = await webhook.review("/validate", request)
@@ -527,7 +524,7 @@ async def test_denials_are_info_lines_rate_limited_per_policy_and_every_decision
         emulator: Emulator, run_operator: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     """Issue 18 #9: a denied Pod logged only "Webhook 'validate' succeeded"."""
-    from admission_policy.operator import handlers
+    from admission_policy.operator import state
     async with at_debug_with_deny_bad(emulator, run_operator, monkeypatch, caplog):
         webhook = webhook_client(emulator, env)
         assert (await webhook.review("/validate", pod_request("good")))["allowed"] is True
@@ -536,8 +533,7 @@ async def test_denials_are_info_lines_rate_limited_per_policy_and_every_decision
         assert (await webhook.review("/validate", request))["allowed"] is False
         for _ in range(12):
             assert (await webhook.review("/validate", pod_request("bad")))["allowed"] is False
-        assert handlers._operator is not None
-        log = handlers._operator.decisions
+        log = state.operator().decisions
         later = log.clock() + log.window
         log.clock = lambda: later
         log.flush()

@@ -17,9 +17,10 @@ from typing import Any
 import aiohttp
 import pytest
 from emulator import ADMISSION_POLICIES, Emulator
-from operator_env import CREATE_POD_RULE, pod_request, policy_body, wait_phase
+from operator_env import pod_request, wait_phase
 
 from admission_policy.operator.webhookconfig import MUTATE_PATH, VALIDATE_PATH, VALIDATE_POLICY_PATH
+from builders import CREATE_POD_RULE, policy_body
 
 ADMISSION_PATHS = (VALIDATE_PATH, MUTATE_PATH, VALIDATE_POLICY_PATH)
 OTHER_PATHS = ("/", "/metrics", "/healthz", "/readyz", "/livez", "/debug/pprof/", "/validate/../metrics",

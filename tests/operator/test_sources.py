@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import pathlib
 import re
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -30,16 +31,20 @@ from operator_env import (
     operator_environment,
     operator_running,
     pod_request,
-    policy_body,
     wait_phase,
     webhook_client,
 )
+from outages import Outage, refuse, stalled
 
+import builders
 from admission_policy import api
+from admission_policy.cluster import watch as cluster_watch
+from admission_policy.cluster.client import new_api_client
+from admission_policy.cluster.discovery import Discovery
 from admission_policy.engine import PolicySet
-from admission_policy.operator import sources, watcher
-from admission_policy.operator.kube import Discovery, new_api_client
+from admission_policy.operator import sources
 from admission_policy.operator.store import load_policy
+from builders import policy_body
 
 CMS = "configmaps/v1"   # how statuses and metrics name the ConfigMaps source
 FEW_CONFIGMAPS = [{"expression": "context.cms.size() < 2", "message": "too many configmaps"}]
@@ -59,8 +64,7 @@ def context_policy(name: str, resource: str = "configmaps", group: str = "", *, 
     return policy_body(name, failurePolicy="Fail", context=[entry], **spec)
 
 
-def configmap(name: str, namespace: str = "apps", **extra: Any) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace}, **extra}
+configmap = functools.partial(builders.configmap, namespace="apps")   # where the requests below are
 
 
 def requests_to(emulator: Emulator, action: kmock.action, resource: str) -> int:
@@ -94,43 +98,6 @@ def pod_in(namespace: str) -> dict[str, Any]:
     request = pod_request("probe")
     request["namespace"] = request["object"]["metadata"]["namespace"] = namespace
     return request
-
-
-class Outage:
-    """While on, the emulator answers the requests it is installed for as ``react`` says; once off,
-    as usual (the reaction steps aside for good: kmock drops a reaction that declines a request)."""
-
-    def __init__(self, react: Callable[[], Any]) -> None:
-        self.on = True
-        self._react = react
-
-    def __call__(self) -> Any:
-        return self._react() if self.on else NotImplemented
-
-
-def refuse(status: int, reason: str) -> Callable[[], Any]:
-    def react() -> Any:
-        raise kmock.KubernetesError(status=status, reason=reason, message="refused by the test")
-    return react
-
-
-@contextlib.contextmanager
-def stalled(emulator: Emulator, resource: str) -> Iterator[Outage]:
-    """Lists and watches of ``resource`` that answer 200 and then send nothing, never ending: a
-    half-open connection, as a dead load balancer or a partitioned node leaves it."""
-    released = asyncio.Event()
-
-    async def silent() -> Any:
-        yield b""          # the headers go out; the body never comes
-        await released.wait()
-
-    outage = Outage(silent)
-    for action in (kmock.action.LIST, kmock.action.WATCH):
-        emulator.kmock[action, kmock.resource(resource)] << outage
-    try:
-        yield outage
-    finally:
-        released.set()
 
 
 @contextlib.asynccontextmanager
@@ -211,7 +178,7 @@ async def test_objects_created_and_deleted_in_the_cluster_are_what_requests_see(
 
 async def test_a_source_that_cannot_be_listed_degrades_its_policy_until_it_is_listed_again(
         emulator: Emulator, run_operator: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(watcher, "WATCH_SECONDS", 1)   # the open watch ends and resumes each second
+    monkeypatch.setattr(cluster_watch, "WATCH_SECONDS", 1)   # the open watch ends and resumes each second
     async with operator_running(run_operator):
         await emulator.create(ADMISSION_POLICIES, context_policy("few-configmaps"))
         await wait_phase(emulator, "few-configmaps", "Active")
@@ -245,8 +212,8 @@ async def test_a_stalled_watch_is_reported_and_not_served_until_listed_again(
         emulator: Emulator, run_operator: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """A half-open connection sends nothing and never ends: past the server-side timeout and the
     margin, the watch counts as failed (not as quiet), and its cache as not in sync."""
-    monkeypatch.setattr(watcher, "WATCH_SECONDS", 1)
-    monkeypatch.setattr(watcher, "STALL_MARGIN", 1)
+    monkeypatch.setattr(cluster_watch, "WATCH_SECONDS", 1)
+    monkeypatch.setattr(cluster_watch, "STALL_MARGIN", 1)
     async with operator_running(run_operator):
         await emulator.create(ADMISSION_POLICIES, context_policy("few-configmaps"))
         await wait_phase(emulator, "few-configmaps", "Active")
@@ -322,7 +289,7 @@ async def test_a_failed_discovery_is_reported_and_retried_while_the_context_is_s
 
 async def test_a_watch_resumed_into_410_lists_again_and_serves_what_changed_meanwhile(
         emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(watcher, "WATCH_SECONDS", 1)   # each watch ends cleanly after a second
+    monkeypatch.setattr(cluster_watch, "WATCH_SECONDS", 1)   # each watch ends cleanly after a second
     gate, held = asyncio.Event(), asyncio.Event()
     gate.set()
     make_lister = sources.lister
@@ -364,7 +331,7 @@ async def test_a_failing_source_says_so_in_words_that_do_not_change_while_it_kee
         emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> None:
     """The policy's condition is written again only when its text changes: "failed for 3s" would
     rewrite it on every pass over the policies while the outage lasts."""
-    monkeypatch.setattr(watcher, "WATCH_SECONDS", 1)   # the open watch ends and resumes each second
+    monkeypatch.setattr(cluster_watch, "WATCH_SECONDS", 1)   # the open watch ends and resumes each second
     body = context_policy("reader")
     policy = load_policy(body, "Fail").policy
     async with running_sources(body) as running:

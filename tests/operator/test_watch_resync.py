@@ -18,20 +18,19 @@ import kmock
 import pytest
 from emulator import ADMISSION_POLICIES, Emulator, wait_for
 from kubernetes_asyncio import client
-from operator_env import POD_RULE
-from test_sources import stalled
+from outages import stalled
 
+from admission_policy.cluster import watch as cluster_watch
+from admission_policy.cluster.client import new_api_client
 from admission_policy.operator import watcher
-from admission_policy.operator.kube import new_api_client
 from admission_policy.operator.store import FINALIZER, PolicyStore
+from builders import policy_body
 
 
 def enforced_policy(name: str, expression: str) -> dict[str, Any]:
     """As the operator leaves a policy it enforces: with its finalizer."""
-    return {"apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy",
-            "metadata": {"name": name, "finalizers": [FINALIZER]},
-            "spec": {"match": {"resources": [POD_RULE]},
-                     "validations": [{"expression": expression, "message": f"{name} says no"}]}}
+    return policy_body(name, metadata={"finalizers": [FINALIZER]},
+                       validations=[{"expression": expression, "message": f"{name} says no"}])
 
 
 def policy_lists(emulator: Emulator) -> int:
@@ -41,7 +40,7 @@ def policy_lists(emulator: Emulator) -> int:
 
 async def test_a_watch_resumed_into_410_lists_again_keeping_what_exists_and_forgetting_what_went(
         emulator: Emulator, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(watcher, "WATCH_SECONDS", 1)   # each watch ends cleanly after a second
+    monkeypatch.setattr(cluster_watch, "WATCH_SECONDS", 1)   # each watch ends cleanly after a second
     open_ = asyncio.Event()
     open_.set()
     held = asyncio.Event()
@@ -72,7 +71,7 @@ async def test_a_watch_resumed_into_410_lists_again_keeping_what_exists_and_forg
         await emulator.patch(ADMISSION_POLICIES, "edited", {"spec": {"validations": [
             {"expression": "object.metadata.name != 'worse'", "message": "edited says no"}]}})
         emulator.compact(ADMISSION_POLICIES)
-        with caplog.at_level(logging.INFO, logger=watcher.__name__):
+        with caplog.at_level(logging.INFO, logger=cluster_watch.__name__):
             open_.set()
             await wait_for(lambda: store.generations == {"kept": 1, "edited": 2}, timeout=10)
     finally:
@@ -94,8 +93,8 @@ async def test_a_stalled_policy_watch_counts_as_down_until_listed_again(
         emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> None:
     """A half-open connection sends nothing and never ends. Without a read timeout the watcher
     would wait on it for ever, /readyz saying all is well while policy changes go unseen."""
-    monkeypatch.setattr(watcher, "WATCH_SECONDS", 1)
-    monkeypatch.setattr(watcher, "STALL_MARGIN", 1)
+    monkeypatch.setattr(cluster_watch, "WATCH_SECONDS", 1)
+    monkeypatch.setattr(cluster_watch, "STALL_MARGIN", 1)
     await emulator.create(ADMISSION_POLICIES, enforced_policy("kept", "object.metadata.name != 'bad'"))
     store = PolicyStore()
     api_client = await new_api_client()

@@ -17,7 +17,9 @@ import aiohttp
 import jsonpatch
 import pytest
 from emulator import wait_for
-from operator_env import Webhook, pod_request, policy_body
+from operator_env import Webhook, pod_request, policy_request
+
+from builders import policy_body
 
 
 async def test_allows_a_compliant_pod(serving: Any) -> None:
@@ -89,12 +91,7 @@ async def test_a_malformed_body_gets_a_400_and_the_server_keeps_serving(serving:
 async def test_an_invalid_policy_is_rejected_naming_the_field_and_the_compiler_message(serving: Any) -> None:
     async with serving() as webhook:
         policy = policy_body("broken", validations=[{"expression": "object.metadata.name.startsWith("}])
-        request = {
-            "uid": "c0ffee00-0000-4000-8000-000000000002", "operation": "CREATE", "name": "broken",
-            "kind": {"group": "policy-operator.dev", "version": "v1alpha1", "kind": "AdmissionPolicy"},
-            "resource": {"group": "policy-operator.dev", "version": "v1alpha1", "resource": "admissionpolicies"},
-            "userInfo": {"username": "admin"}, "object": policy, "oldObject": None,
-        }
+        request = policy_request(policy, uid="c0ffee00-0000-4000-8000-000000000002")
         response = await webhook.review("/validate-policy", request)
         assert response["allowed"] is False
         assert response["status"]["code"] == 422
@@ -113,12 +110,7 @@ async def test_a_policy_update_that_leaves_the_spec_alone_is_never_refused(servi
         broken = policy_body("slipped-in", validations=[{"expression": "object.metadata.name.startsWith("}])
         relabelled = copy.deepcopy(broken)
         relabelled["metadata"].update(labels={"team": "a"}, finalizers=[])
-        request = {
-            "uid": "c0ffee00-0000-4000-8000-000000000004", "operation": "UPDATE", "name": "slipped-in",
-            "kind": {"group": "policy-operator.dev", "version": "v1alpha1", "kind": "AdmissionPolicy"},
-            "resource": {"group": "policy-operator.dev", "version": "v1alpha1", "resource": "admissionpolicies"},
-            "userInfo": {"username": "admin"}, "object": relabelled, "oldObject": broken,
-        }
+        request = policy_request(relabelled, operation="UPDATE", old=broken, uid="c0ffee00-0000-4000-8000-000000000004")
         assert (await webhook.review("/validate-policy", request))["allowed"] is True
 
         deleting = copy.deepcopy(broken)
@@ -412,6 +404,36 @@ async def test_at_the_connection_cap_a_client_trickling_bytes_still_makes_room(
         async with connection(webhook) as newcomer:
             assert await exchange(*newcomer) == 200
             assert await closed_by_server(trickled) == b""
+
+
+async def test_with_the_cap_held_by_connections_that_send_nothing_a_review_is_still_answered(
+        serving: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Connections opened to fill the cap and left silent cannot lock the API server out, however
+    recently they were opened: one of them is closed for the newcomer (issue 25)."""
+    from admission_policy.operator import webhook as server
+    monkeypatch.setattr(server.PolicyWebhookServer, "min_idle_to_evict", 600.0)   # all of them "recent"
+    monkeypatch.setenv("AP_MAX_CONNECTIONS", "2")
+    async with serving() as webhook, connection(webhook) as (first, _), connection(webhook):
+        response = await webhook.review("/validate", pod_request("web", labels={"team": "a"}))
+        assert response["allowed"] is True
+        assert await closed_by_server(first) == b""   # the oldest silent one made room
+
+
+async def test_at_the_connection_cap_a_silent_connection_makes_room_before_the_api_servers_idle_one(
+        serving: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API server's connection idle between its requests is kept while a connection that never
+    sent a request is open, even one opened after it: that one is closed for the newcomer."""
+    from admission_policy.operator import webhook as server
+    monkeypatch.setattr(server.PolicyWebhookServer, "min_idle_to_evict", 0.5)
+    monkeypatch.setenv("AP_MAX_CONNECTIONS", "2")
+    async with serving() as webhook, connection(webhook) as api_server:
+        assert await exchange(*api_server) == 200
+        async with connection(webhook) as (silent, _):
+            await asyncio.sleep(1.0)   # both idle past min_idle_to_evict, the API server's the longest
+            async with connection(webhook) as newcomer:
+                assert await exchange(*newcomer) == 200
+                assert await closed_by_server(silent) == b""
+                assert await exchange(*api_server) == 200
 
 
 async def test_when_every_connection_is_answering_a_request_a_new_one_is_refused(

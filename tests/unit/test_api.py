@@ -7,14 +7,7 @@ import pytest
 
 from admission_policy.api import PolicyError, parse_policy
 from admission_policy.engine import PolicyCompileError, compile_policy
-
-RULE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE"]}
-
-
-def body(**spec: Any) -> dict[str, Any]:
-    spec.setdefault("match", {"resources": [RULE]})
-    return {"apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy",
-            "metadata": {"name": "p", "generation": 2}, "spec": spec}
+from builders import POD_RULE, policy, policy_body
 
 
 @pytest.mark.parametrize(("spec", "path", "words"), [
@@ -22,7 +15,7 @@ def body(**spec: Any) -> dict[str, Any]:
     ({"validations": [{"expression": "true"}], "enforcement": "Deny"}, "spec.enforcement", "Enforce | Warn | Audit"),
     ({"validations": [{"expression": "true"}], "failurePolicy": "Maybe"}, "spec.failurePolicy", "Fail | Ignore"),
     ({"validations": [{"expression": "true"}], "match": {"resources": []}}, "spec.match.resources", "at least one"),
-    ({"validations": [{"expression": "true"}], "match": {"resources": [{**RULE, "operations": ["PATCH"]}]}},
+    ({"validations": [{"expression": "true"}], "match": {"resources": [{**POD_RULE, "operations": ["PATCH"]}]}},
      "spec.match.resources[0].operations[0]", "CREATE"),
     ({"validations": [{"expression": 5}]}, "spec.validations[0].expression", "must be a string"),
     ({"validations": [{"expression": "true", "reason": "Teapot"}]}, "spec.validations[0].reason", "Forbidden"),
@@ -35,7 +28,7 @@ def body(**spec: Any) -> dict[str, Any]:
      "JSON pointer"),
     ({"mutations": [{"merge": {}, "jsonPatch": []}]}, "spec.mutations[0]", "exactly one of jsonPatch, merge or plugin"),
     ({"validations": [{"expression": "true"}],
-      "match": {"resources": [RULE], "namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}},
+      "match": {"resources": [POD_RULE], "namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}},
      "spec.match.namespaceSelector.matchExpressions[0].values", "must not be empty"),
     ({"validations": [{"expression": "true"}], "variables": [{"name": "a-b", "expression": "1"}]},
      "spec.variables[0].name", "CEL identifier"),
@@ -45,21 +38,21 @@ def body(**spec: Any) -> dict[str, Any]:
 ])
 def test_invalid_policies_name_the_field(spec: dict[str, Any], path: str, words: str) -> None:
     with pytest.raises(PolicyError) as caught:
-        parse_policy(body(**spec))
+        parse_policy(policy_body(**spec))
     assert caught.value.path == path
     assert words in str(caught.value)
 
 
 def test_a_policy_parses_into_typed_values_with_defaults() -> None:
-    policy = parse_policy(body(validations=[{"expression": "true"}]))
+    policy = parse_policy(policy_body(metadata={"generation": 2}, validations=[{"expression": "true"}]))
     assert policy.name == "p" and policy.generation == 2
     assert policy.enforcement == "Enforce" and policy.failure_policy == "Fail"
-    assert parse_policy(body(validations=[{"expression": "true"}]),
+    assert parse_policy(policy_body(validations=[{"expression": "true"}]),
                         default_failure_policy="Ignore").failure_policy == "Ignore"
 
 
 def test_every_compile_error_is_reported_with_path_and_column() -> None:
-    policy = parse_policy(body(
+    policy = parse_policy(policy_body(
         validations=[{"expression": "object.metadata.name.contains("},
                      {"expression": "1 + 'a' == 2"},
                      {"expression": "object.metadata.name"},
@@ -79,7 +72,7 @@ def test_every_compile_error_is_reported_with_path_and_column() -> None:
 
 
 def test_a_variable_may_only_read_earlier_variables() -> None:
-    policy = parse_policy(body(validations=[{"expression": "variables.a"}],
+    policy = parse_policy(policy_body(validations=[{"expression": "variables.a"}],
                                variables=[{"name": "a", "expression": "variables.b"},
                                           {"name": "b", "expression": "true"}]))
     with pytest.raises(PolicyCompileError, match=r"variables\.b is declared later"):
@@ -100,12 +93,12 @@ def test_an_expression_unbounded_by_construction_is_refused_at_compile_time() ->
     """25 nested string doublings compiled and went Active (~2 s and GBs per Pod): Kubernetes would
     stop every evaluation of it at its per-call limit, even on the smallest object."""
     with pytest.raises(PolicyCompileError) as caught:
-        compile_policy(parse_policy(body(validations=[{"expression": "true"}, {"expression": doubling(25)}])))
+        policy(validations=[{"expression": "true"}, {"expression": doubling(25)}])
     (error,) = caught.value.errors
     assert error.path == "spec.validations[1].expression"
     assert error.message.startswith("is unbounded by construction: its estimated cost is 6,711,013 even on an "
                                     "object of one character, over Kubernetes' limit of 1,000,000 per expression")
-    compile_policy(parse_policy(body(validations=[{"expression": doubling(20)}])))   # 2 MB: Kubernetes runs it
+    policy(validations=[{"expression": doubling(20)}])   # 2 MB: Kubernetes runs it
 
 
 # Kyverno's own ensure-readonly-hostpath CEL policy (its library, unchanged): three nested loops.
@@ -130,21 +123,21 @@ READONLY_HOSTPATH = {
                       "c.name.contains(d.name)))"}] * 70},
 ], ids=["kyverno-ensure-readonly-hostpath", "seventy-nested-loops"])
 def test_a_policy_kubernetes_accepts_is_not_refused_for_its_estimated_cost(spec: dict[str, Any]) -> None:
-    compile_policy(parse_policy(body(**spec)))
+    policy(**spec)
 
 
 def test_variables_carry_their_estimated_size_to_the_expressions_that_read_them() -> None:
     variables = [{"name": f"v{i}", "expression": f"variables.v{i - 1} + variables.v{i - 1}" if i else "'ab'"}
                  for i in range(26)]
     with pytest.raises(PolicyCompileError) as caught:
-        compile_policy(parse_policy(body(variables=variables, validations=[{"expression": "variables.v25 != ''"}])))
+        policy(variables=variables, validations=[{"expression": "variables.v25 != ''"}])
     assert any("unbounded by construction" in error.message for error in caught.value.errors)
 
 
 def test_too_deep_nesting_is_explained_not_located_at_minus_one() -> None:
     for expression in ["(" * 40 + "1" + ")" * 40 + " == 1", "1" + " + 1" * 40 + " > 0"]:
         with pytest.raises(PolicyCompileError) as caught:
-            compile_policy(parse_policy(body(validations=[{"expression": expression}])))
+            policy(validations=[{"expression": expression}])
         text = str(caught.value)
         assert "-1" not in text and "nests too deeply" in text and "spec.variables" in text
 
@@ -155,5 +148,5 @@ def test_too_deep_nesting_is_explained_not_located_at_minus_one() -> None:
 ])
 def test_a_patch_value_that_is_not_a_json_number_is_refused(mutation: dict[str, Any], path: str) -> None:
     with pytest.raises(PolicyError) as caught:
-        parse_policy(body(mutations=[mutation]))
+        parse_policy(policy_body(mutations=[mutation]))
     assert caught.value.path == path and "not a JSON number" in caught.value.message

@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 
-from admission_policy import api, reports
-from admission_policy.engine import Decision, Finding, PolicyOutcome, PolicySet, compile_policy, parse_review
+from admission_policy import reports
+from admission_policy.cluster import listing
+from admission_policy.cluster.discovery import DiscoveredResource
+from admission_policy.engine import AdmissionRequest, Decision, Finding, PolicyOutcome, PolicySet
 from admission_policy.operator import audit, handoff, metrics
-from admission_policy.operator.settings import OperatorSettings
+from admission_policy.operator.config import OperatorConfig
 from admission_policy.operator.store import PolicyStore
-from admission_policy.operator.webhookconfig import DiscoveredResource
+from builders import object_request, policy, rule
 
 
 def entry(name: str, seen: int, policy: str = "team", rule: str = "spec.validations[0]",
@@ -71,9 +73,9 @@ async def listed(monkeypatch: pytest.MonkeyPatch, answer: Callable[[str], tuple[
     async def call_json(_: Any, method: str, path: str, *, query: list[tuple[str, str]]) -> tuple[int, Any]:
         return answer(dict(query).get("continue", ""))
 
-    monkeypatch.setattr(audit, "call_json", call_json)
-    given: AsyncIterator[tuple[Any, dict[str, Any]]] = audit.list_objects(
-        None, OperatorSettings(audit_page_size=2), TARGET)  # type: ignore[arg-type]
+    monkeypatch.setattr(listing, "call_json", call_json)
+    given: AsyncIterator[tuple[Any, dict[str, Any]]] = listing.list_objects(
+        None, OperatorConfig(audit_page_size=2), TARGET)  # type: ignore[arg-type]
     return [f"{item['metadata']['namespace']}/{item['metadata']['name']}" async for _, item in given]
 
 
@@ -104,12 +106,8 @@ async def test_a_listing_started_over_gives_no_object_twice(monkeypatch: pytest.
 
 # --- the auditor of a replica that does not reconcile ------------------------------------------------------
 
-def review(name: str) -> Any:
-    return parse_review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "u1", "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
-        "resource": {"group": "", "version": "v1", "resource": "configmaps"}, "name": name, "namespace": "apps",
-        "operation": "CREATE", "userInfo": {"username": "alice"},
-        "object": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "apps"}}}})
+def admitted_configmap(name: str) -> AdmissionRequest:
+    return object_request({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "apps"}})
 
 
 def warned(policy: str = "team") -> Decision:
@@ -121,17 +119,14 @@ def follower(monkeypatch: pytest.MonkeyPatch, *, written: bool = True,
              clock: Callable[[], float] = time.monotonic) -> tuple[audit.Auditor, list[handoff.Admissions]]:
     """An auditor whose replica does not reconcile, and what it publishes (no API server needed)."""
     store = PolicyStore()
-    store.policies = PolicySet([compile_policy(api.parse_policy({
-        "apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "team"}, "spec": {
-            "enforcement": "Warn", "reportAdmission": True,
-            "match": {"resources": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"],
-                                     "operations": ["CREATE"]}]},
-            "validations": [{"expression": "false", "message": "needs a team"}]}}))])
+    store.policies = PolicySet([policy("team", rules=[rule("configmaps", operations=["CREATE"])], enforcement="Warn",
+                                       reportAdmission=True,
+                                       validations=[{"expression": "false", "message": "needs a team"}])])
 
     async def reconciles() -> bool:
         return False
 
-    auditor = audit.Auditor(None, OperatorSettings(audit_interval=60), store, None, reconciles,  # type: ignore[arg-type]
+    auditor = audit.Auditor(None, OperatorConfig(audit_interval=60), store, None, reconciles,  # type: ignore[arg-type]
                             clock=clock)
     published: list[handoff.Admissions] = []
 
@@ -147,8 +142,8 @@ async def test_a_replica_that_does_not_reconcile_hands_its_admission_results_ove
         monkeypatch: pytest.MonkeyPatch) -> None:
     """It kept nothing before: its Audit/Warn failures reached the reports only at the next scan."""
     auditor, published = follower(monkeypatch)
-    auditor.admitted(review("web"), warned())
-    auditor.admitted(review("other"), warned("deleted-since"))   # a policy the store no longer holds
+    auditor.admitted(admitted_configmap("web"), warned())
+    auditor.admitted(admitted_configmap("other"), warned("deleted-since"))   # a policy the store no longer holds
     await auditor.round()
     await auditor.round()   # nothing new: nothing written
     (handed,) = published
@@ -161,7 +156,7 @@ async def test_a_replica_that_does_not_reconcile_hands_its_admission_results_ove
 async def test_handed_results_expire_once_a_scan_has_judged_them_and_gauges_go_with_leadership(
         monkeypatch: pytest.MonkeyPatch) -> None:
     auditor, published = follower(monkeypatch)
-    auditor.admitted(review("web"), warned())
+    auditor.admitted(admitted_configmap("web"), warned())
     now = time.time()
     monkeypatch.setattr(audit.time, "time", lambda: now + audit.HANDOFF_INTERVALS * 60 + audit.TICK + 1)
     # This replica led until now: the gauges it exported are the new leader's to export.
@@ -177,7 +172,7 @@ async def test_handed_results_expire_once_a_scan_has_judged_them_and_gauges_go_w
 async def test_a_failed_hand_over_is_tried_again_later_not_every_round(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
     auditor, published = follower(monkeypatch, written=False, clock=lambda: now[0])
-    auditor.admitted(review("web"), warned())
+    auditor.admitted(admitted_configmap("web"), warned())
     await auditor.round()
     await auditor.round()
     assert len(published) == 1

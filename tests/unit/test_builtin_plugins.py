@@ -14,25 +14,18 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.x509.oid import NameOID
 
-from admission_policy import api, features, plugins
-from admission_policy.api import parse_policy
+from admission_policy import plugins
 from admission_policy.builtin_plugins.images import ImageReferences, parse_reference
 from admission_policy.builtin_plugins.tls import TLSSecrets
-from admission_policy.engine import PolicySet, compile_policy, evaluate, parse_review
 from admission_policy.engine.compiler import PolicyCompileError
 from admission_policy.plugins import ConfigError, PluginRequest
+from builders import decide, pod, policy, rule
 
 HEX64 = "4c8e3a4b8b5e5f1f2a7d9c0e1b2a3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d"
 DIGEST = f"sha256:{HEX64}"
 NOW = datetime.datetime.now(datetime.UTC)
 YEAR = datetime.timedelta(days=365)
 REGISTRY = plugins.discover(group="admission_policy.plugins.none")   # the builtins only
-
-
-def policy_body(resource: str, plugin: Mapping[str, Any]) -> dict[str, Any]:
-    rule = {"apiGroups": [""], "apiVersions": ["v1"], "resources": [resource], "operations": ["CREATE", "UPDATE"]}
-    return {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "p"},
-            "spec": {"match": {"resources": [rule]}, "failurePolicy": "Fail", "validations": [{"plugin": plugin}]}}
 
 
 # --- image-references: parsing ----------------------------------------------------------------
@@ -86,11 +79,6 @@ def test_invalid_references_are_refused_saying_why(text: str, why: str) -> None:
         parse_reference(text)
 
 
-def pod(*images: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "shop"},
-            "spec": {"containers": [{"name": f"c{i}", "image": image} for i, image in enumerate(images)]}}
-
-
 def judge_images(config: Mapping[str, Any], obj: Any, old: Any = None, operation: str = "CREATE") -> list[str]:
     plugin = ImageReferences()
     request = PluginRequest(obj, old, {"operation": operation})
@@ -98,8 +86,8 @@ def judge_images(config: Mapping[str, Any], obj: Any, old: Any = None, operation
 
 
 def test_a_digest_after_a_newline_or_of_the_wrong_form_does_not_count_as_pinned() -> None:
-    failures = judge_images({"requireDigest": True}, pod(
-        f"nginx:1.0\n@{DIGEST}", f"nginx@sha256:{HEX64[:40]}", f"nginx@sha256:{HEX64.upper()}", f"nginx@{DIGEST}"))
+    failures = judge_images({"requireDigest": True}, pod(images=[
+        f"nginx:1.0\n@{DIGEST}", f"nginx@sha256:{HEX64[:40]}", f"nginx@sha256:{HEX64.upper()}", f"nginx@{DIGEST}"]))
     assert [f.split(":")[0] for f in failures] == [f"spec.containers[{i}].image" for i in range(3)]
     assert all("is not a valid image reference" in f for f in failures)
 
@@ -146,9 +134,9 @@ def test_ambiguous_or_invalid_allowlist_entries_are_refused_naming_them(entry: s
 
 
 def test_a_refused_entry_is_a_compile_error_naming_the_field() -> None:
-    spec = policy_body("pods", {"name": "image-references", "config": {"allowedRegistries": ["nginx"]}})
+    refused = {"name": "image-references", "config": {"allowedRegistries": ["nginx"]}}
     with pytest.raises(PolicyCompileError, match=r"plugin.config.allowedRegistries\[0\]: 'nginx' is not a registry"):
-        compile_policy(parse_policy(spec), registry=REGISTRY, gates=features.parse("", REGISTRY))
+        policy(registry=REGISTRY, validations=[{"plugin": refused}])
 
 
 @pytest.mark.parametrize(("entry", "allowed", "denied"), [
@@ -162,8 +150,8 @@ def test_a_refused_entry_is_a_compile_error_naming_the_field() -> None:
 ])
 def test_the_allowlist_matches_as_the_runtime_pulls(entry: str, allowed: list[str], denied: list[str]) -> None:
     config = {"allowedRegistries": [entry]}
-    assert judge_images(config, pod(*allowed)) == []
-    failures = judge_images(config, pod(*denied))
+    assert judge_images(config, pod(images=allowed)) == []
+    failures = judge_images(config, pod(images=denied))
     assert len(failures) == len(denied) and all("is not from an allowed registry" in f for f in failures)
 
 
@@ -243,15 +231,9 @@ def test_an_ordinary_rsa_secret_is_admitted_within_the_plugins_time_budget(kind:
                                                                            keys: dict[str, PrivateKey]) -> None:
     # RSA's private-key checks took 42 ms (2048) and 316 ms (4096) against a 50 ms budget: the
     # Secret came out an evaluation error, denied under failurePolicy Fail.
-    policy = compile_policy(parse_policy(policy_body("secrets", {"name": "tls-secrets"})), registry=REGISTRY,
-                            gates=features.parse("", REGISTRY))
+    checked = policy(rules=[rule("secrets")], registry=REGISTRY, validations=[{"plugin": {"name": "tls-secrets"}}])
     key = keys[kind]
-    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "1", "kind": {"group": "", "version": "v1", "kind": "Secret"},
-        "resource": {"group": "", "version": "v1", "resource": "secrets"}, "operation": "CREATE",
-        "namespace": "shop", "name": "shop-tls", "object": secret(pem(certificate(key)), key_pem(key)),
-        "oldObject": None, "userInfo": {"username": "alice"}}}
-    decision = evaluate(PolicySet([policy]), parse_review(review))
+    decision = decide(checked, secret(pem(certificate(key)), key_pem(key)))
     assert decision.allowed, decision.message
     assert [(c.plugin, c.result) for c in decision.plugin_calls] == [("tls-secrets", "passed")]
 

@@ -19,15 +19,14 @@ import yaml
 from celcases import compile_error, evaluate, evaluation_error
 from click.testing import CliRunner
 
-from admission_policy.api import parse_policy
+import builders
 from admission_policy.authorization import NO_AUTHORIZER, Answer, Answers, Asking, Check, Subject, answering
 from admission_policy.cellib import authz
 from admission_policy.cli import main
 from admission_policy.cli.authorizer import DeclaredAnswers, parse_answer, parse_answers
-from admission_policy.cli.documents import InputError
-from admission_policy.engine import PolicySet, compile_policy, parse_review
-from admission_policy.engine import evaluate as decide_request
+from admission_policy.cli.documents import DocumentError
 from admission_policy.operator import authorizer
+from builders import CREATE_POD_RULE, decide, pod, policy, policy_body, request
 
 REQUEST: dict[str, Any] = {
     "uid": "1", "operation": "CREATE", "namespace": "default", "name": "endpoints1",
@@ -218,35 +217,22 @@ def test_without_an_authorization_a_check_is_an_error() -> None:
 
 # --- the engine: a check without an answer stops the evaluation ----------------------------------------------
 
-POD_RULE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE"]}
-POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "team-a"},
-       "spec": {"containers": [{"name": "c", "image": "nginx"}]}}
+POD = pod(namespace="team-a")
 DELETE_PODS = "authorizer.group('').resource('pods').namespace(object.metadata.namespace).check('delete')"
-
-
-def policy(*validations: dict[str, Any], failure_policy: str = "Fail") -> Any:
-    return compile_policy(parse_policy({
-        "apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy", "metadata": {"name": "authz"},
-        "spec": {"match": {"resources": [POD_RULE]}, "failurePolicy": failure_policy,
-                 "validations": list(validations)}}))
-
-
-def pod_request(user: str = "alice") -> Any:
-    return parse_review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "1", "operation": "CREATE", "namespace": "team-a", "name": "web", "object": POD,
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "userInfo": {"username": user, "groups": ["system:authenticated"]}}})
+POD_REQUEST = request(POD, name="web", namespace="team-a",
+                      user_info={"username": "alice", "groups": ["system:authenticated"]})
 
 
 USER = Subject("alice", ("system:authenticated",))
 DELETE = Check(USER, "delete", resource="pods", namespace="team-a")
 ESCALATE = Check(USER, "escalate", resource="pods", namespace="team-a", name="web")
-TWO_CHECKS = policy({"expression": f"{DELETE_PODS}.allowed()", "message": "may not delete pods"},
-                    {"expression": "!authorizer.requestResource.check('escalate').allowed()", "message": "escalates"})
+TWO_CHECKS = policy("authz", rules=[CREATE_POD_RULE], validations=[
+    {"expression": f"{DELETE_PODS}.allowed()", "message": "may not delete pods"},
+    {"expression": "!authorizer.requestResource.check('escalate').allowed()", "message": "escalates"}])
 
 
 def test_checks_without_answers_are_listed_instead_of_a_decision() -> None:
-    decision = decide_request(PolicySet([TWO_CHECKS]), pod_request(), authorization=Answers())
+    decision = decide(TWO_CHECKS, POD_REQUEST, authorization=Answers())
     assert decision.unanswered == (DELETE, ESCALATE)
     assert not decision.allowed and decision.code == 500   # a caller that does not look denies
     assert decision.message.startswith("authorizer checks without an answer: ")
@@ -260,21 +246,20 @@ def test_checks_without_answers_are_listed_instead_of_a_decision() -> None:
     (Answer(False, error="webhook authorizer timed out"), Answer(False), False, "may not delete pods"),
 ])
 def test_answered_checks_decide(delete: Answer, escalate: Answer, allowed: bool, message: str) -> None:
-    decision = decide_request(PolicySet([TWO_CHECKS]), pod_request(),
-                              authorization=Answers({DELETE: delete, ESCALATE: escalate}))
+    decision = decide(TWO_CHECKS, POD_REQUEST, authorization=Answers({DELETE: delete, ESCALATE: escalate}))
     assert decision.unanswered == ()
     assert decision.allowed is allowed
     assert message in decision.message
 
 
 def test_a_policy_without_checks_never_stops() -> None:
-    plain = policy({"expression": "object.metadata.name == 'web'"})
-    decision = decide_request(PolicySet([plain]), pod_request(), authorization=Answers())
+    plain = policy("authz", rules=[CREATE_POD_RULE], validations=[{"expression": "object.metadata.name == 'web'"}])
+    decision = decide(plain, POD_REQUEST, authorization=Answers())
     assert decision.allowed and decision.unanswered == ()
 
 
 def test_without_an_authorization_a_check_is_the_policys_evaluation_error() -> None:
-    decision = decide_request(PolicySet([TWO_CHECKS]), pod_request())
+    decision = decide(TWO_CHECKS, POD_REQUEST)
     assert decision.unanswered == () and not decision.allowed
     assert NO_AUTHORIZER in decision.message
 
@@ -314,9 +299,8 @@ async def rounds_of(source: str, answerer: Answerer, message: str | None = None)
     validation: dict[str, Any] = {"expression": source, "message": "denied"}
     if message is not None:
         validation["messageExpression"] = message
-    policies = PolicySet([policy(validation)])
-    return await authorizer.decide(
-        lambda answers: decide_request(policies, pod_request(), authorization=answers), answerer)
+    compiled = policy("authz", rules=[CREATE_POD_RULE], validations=[validation])
+    return await authorizer.decide(lambda answers: decide(compiled, POD_REQUEST, authorization=answers), answerer)
 
 
 async def test_checks_that_depend_on_answers_take_a_round_each() -> None:
@@ -490,21 +474,18 @@ def test_the_first_declared_answer_that_covers_a_check_answers_it() -> None:
     ({"path": "/x", "resource": "pods", "allowed": True}, "answer: path is for non-resource checks, resource"),
 ])
 def test_a_bad_declared_answer_is_refused_naming_it(declared: Any, message: str) -> None:
-    with pytest.raises(InputError) as refused:
+    with pytest.raises(DocumentError) as refused:
         parse_answer(declared, "answer")
     assert message in str(refused.value)
 
 
 def test_declared_answers_must_be_a_list() -> None:
-    with pytest.raises(InputError, match=r"cases\[0\]\.authorizer must be a list of authorizer answers"):
+    with pytest.raises(DocumentError, match=r"cases\[0\]\.authorizer must be a list of authorizer answers"):
         parse_answers({"allowed": True}, "cases[0].authorizer")
 
 
-POLICY_FILE = {
-    "apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy", "metadata": {"name": "protected-pods"},
-    "spec": {"match": {"resources": [POD_RULE]}, "validations": [
-        {"expression": f"{DELETE_PODS}.allowed()", "messageExpression": f"'may not: ' + {DELETE_PODS}.reason()"}]},
-}
+POLICY_FILE = policy_body("protected-pods", rules=[CREATE_POD_RULE], validations=[
+    {"expression": f"{DELETE_PODS}.allowed()", "messageExpression": f"'may not: ' + {DELETE_PODS}.reason()"}])
 
 
 def cli(*args: str, stdin: str | None = None) -> tuple[int, str]:
@@ -546,9 +527,7 @@ def test_the_commands_take_answers_from_files_and_refuse_a_check_none_covers(tmp
     assert code == 1 and "may not: nope" in out, out
     code, out = cli("audit", "-p", str(policy_file), str(pod))
     assert code == 2 and "no answer for the authorizer check(s)" in out, out
-    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "1", "operation": "CREATE", "namespace": "team-a", "name": "web", "object": POD,
-        "resource": {"group": "", "version": "v1", "resource": "pods"}, "userInfo": {"username": "alice"}}}
+    review = builders.review(POD, name="web", namespace="team-a", user_info={"username": "alice"})
     code, out = cli("review", "-p", str(policy_file), "--authorizer", str(answers), "-", stdin=yaml.safe_dump(review))
     assert code == 0 and '"allowed": false' in out and "may not: nope" in out, out
     code, out = cli("review", "-p", str(policy_file), "-", stdin=yaml.safe_dump(review))

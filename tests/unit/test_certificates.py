@@ -25,10 +25,10 @@ from admission_policy.operator.certificates import (
     serving_hosts,
     write_files,
 )
-from admission_policy.operator.settings import OperatorSettings
+from admission_policy.operator.config import OperatorConfig
 
 NOW = datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC)
-SETTINGS = OperatorSettings(advertise_host="192.168.49.1")
+SETTINGS = OperatorConfig(advertise_host="192.168.49.1")
 HOSTS = serving_hosts(SETTINGS)
 SERVICE_HOST = "admission-policy-operator.admission-policy-system.svc"
 
@@ -101,7 +101,7 @@ def test_lifetimes(bundle: CertificateBundle) -> None:
 
 
 def test_dns_advertise_host_becomes_a_dns_san() -> None:
-    hosts = serving_hosts(OperatorSettings(advertise_host="host.docker.internal"))
+    hosts = serving_hosts(OperatorConfig(advertise_host="host.docker.internal"))
     dns_bundle = generate_bundle(hosts, NOW)
     _verify(dns_bundle.cert_pem, dns_bundle.ca_bundle, "host.docker.internal")
 

@@ -8,12 +8,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from click.testing import CliRunner
 
 from admission_policy.cli import main
+from builders import CREATE_POD_RULE, pod, policy_body, review
 
 ROOT = Path(__file__).parents[2]
 EXAMPLES = ROOT / "examples"
@@ -64,11 +66,8 @@ def test_objects_are_evaluated_against_policies_with_a_report() -> None:
 
 def test_mutation_is_shown_as_a_yaml_diff_and_json_output(tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump({
-        "apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy", "metadata": {"name": "team"},
-        "spec": {"match": {"resources": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
-                                          "operations": ["CREATE"]}]},
-                 "mutations": [{"merge": {"metadata": {"labels": {"team": "unassigned"}}}}]}}))
+    policy.write_text(yaml.safe_dump(policy_body("team", rules=[CREATE_POD_RULE], mutations=[
+        {"merge": {"metadata": {"labels": {"team": "unassigned"}}}}])))
     pod = tmp_path / "pod.yaml"
     pod.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
                                    "spec": {"containers": [{"name": "c", "image": "nginx"}]}}))
@@ -81,14 +80,12 @@ def test_mutation_is_shown_as_a_yaml_diff_and_json_output(tmp_path: Path) -> Non
                                              "value": {"team": "unassigned"}}]
 
 
-def review_request(name: str) -> dict[str, object]:
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "operation": "CREATE", "namespace": "default", "name": name,
-        "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "userInfo": {"username": "alice"},
-        "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-                   "spec": {"containers": [{"name": "c", "image": "nginx"}]}}}}
+UID = "705ab4f5-6393-11e8-b7cc-42010a800002"
+
+
+def review_request(name: str) -> dict[str, Any]:
+    """What the API server sends to create Pod default/<name>."""
+    return review(pod(name), kind="Pod", name=name, uid=UID, user_info={"username": "alice"})
 
 
 def test_review_prints_the_webhook_response() -> None:
@@ -97,7 +94,7 @@ def test_review_prints_the_webhook_response() -> None:
     assert code == 0
     response = json.loads(out)
     assert response["kind"] == "AdmissionReview"
-    assert response["response"]["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002"
+    assert response["response"]["uid"] == UID
     assert response["response"]["allowed"] is False
     assert response["response"]["status"]["code"] == 403
     code, out, _ = run("review", "-p", str(OFFENSIVE / "policy.yaml"), "-",
@@ -108,7 +105,7 @@ def test_review_prints_the_webhook_response() -> None:
 def test_review_patch_decodes_to_the_mutation() -> None:
     lifespan = EXAMPLES / "lifespan-toleration"
     request = review_request("web")
-    request["request"]["object"]["metadata"]["labels"] = {"acme.com/lifespan-requested": "3"}  # type: ignore[index]
+    request["request"]["object"]["metadata"]["labels"] = {"acme.com/lifespan-requested": "3"}
     code, out, _ = run("review", "-p", str(lifespan / "policy.yaml"), "-", stdin=json.dumps(request))
     assert code == 0
     patch = json.loads(base64.b64decode(json.loads(out)["response"]["patch"]))
@@ -133,11 +130,8 @@ def test_review_rejects_unusable_input_with_one_line(tmp_path: Path, content: st
 
 def test_invalid_policy_file_points_at_file_path_and_column(tmp_path: Path) -> None:
     policy = tmp_path / "bad.yaml"
-    policy.write_text(yaml.safe_dump({
-        "apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy", "metadata": {"name": "bad"},
-        "spec": {"match": {"resources": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
-                                          "operations": ["CREATE"]}]},
-                 "validations": [{"expression": "object.metadata.name.startsWith("}]}}))
+    policy.write_text(yaml.safe_dump(policy_body("bad", rules=[CREATE_POD_RULE], validations=[
+        {"expression": "object.metadata.name.startsWith("}])))
     code, _, err = run("test", "-p", str(policy), str(OFFENSIVE / "policy.yaml"))
     assert code == 2
     assert f"{policy}: AdmissionPolicy 'bad': spec.validations[0].expression (line 1, column 33)" in err
@@ -156,10 +150,7 @@ def test_help_explains_itself() -> None:
 
 
 def write_policy(path: Path, name: str, **spec: object) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy", "metadata": {"name": name},
-        "spec": {"match": {"resources": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
-                                          "operations": ["CREATE"]}]}, **spec}}))
+    path.write_text(yaml.safe_dump(policy_body(name, rules=[CREATE_POD_RULE], **spec)))
     return path
 
 
@@ -260,13 +251,30 @@ def test_cleanup_webhooks_defaults_to_the_operators_name(tmp_path: Path, env: di
     assert code == 0 and "app.kubernetes.io/managed-by=admission-policy-operator" in out
 
 
-def test_every_readme_setting_is_a_run_flag() -> None:
-    table = README.split("## Configuration", 1)[1].split("\n## ", 1)[0]
-    variables = set(re.findall(r"`(AP_[A-Z_]+)`", table))
-    assert len(variables) >= 15
+# The flags `run` took before they were generated from the settings (issue 25): scripts pass them.
+RUN_FLAGS = ["--namespace", "--service-name", "--service-port", "--listen-host", "--listen-port", "--advertise-host",
+             "--advertise-port", "--webhook-timeout", "--max-connections", "--exempt-namespaces",
+             "--default-failure-policy", "--metrics-port", "--health-port", "--log-level", "--cert-secret",
+             "--cert-dir", "--cert-lifetime", "--webhook-config-name", "--feature-gates", "--audit-interval",
+             "--audit-page-size", "--audit-violations-limit", "--standalone"]
+
+
+def test_every_documented_setting_is_a_run_flag_naming_its_variable() -> None:
+    table = (ROOT / "docs" / "configuration.md").read_text()
+    documented = re.findall(r"^\| `(AP_[A-Z_]+)` \| `(--[a-z-]+)` \|", table, re.MULTILINE)
+    assert len(documented) >= 24
     code, out, _ = run("run", "--help")
     assert code == 0
-    assert {variable for variable in variables if f"[env {variable}]" not in " ".join(out.split())} == set()
+    text = " ".join(out.split())
+    help_of = {flag: text.split(f" {flag} TEXT ", 1)[-1].split(" --", 1)[0] for _, flag in documented}
+    assert [env for env, flag in documented if f"[env {env}]" not in help_of[flag]] == []
+    assert [flag for flag in RUN_FLAGS if f" {flag} " not in text] == []
+
+
+def test_a_run_flag_is_checked_as_its_variable() -> None:
+    result = CliRunner().invoke(main, ["run", "--cert-lifetime", "1w"], env={"AP_CERT_LIFETIME": None})
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: AP_CERT_LIFETIME='1w': expected a duration from 30s to 3650d")
 
 
 def test_lint_compiles_policies_for_ci(tmp_path: Path) -> None:
@@ -309,12 +317,14 @@ def test_readme_links_lead_to_files_in_the_repository() -> None:
     assert "design notes" not in README.replace("[design notes](docs/design.md)", "")
 
 
-def test_readme_documents_every_command_and_troubleshooting() -> None:
+def test_readme_and_cli_page_document_every_command_and_troubleshooting() -> None:
+    cli_page, operations = (ROOT / "docs" / "cli.md").read_text(), (ROOT / "docs" / "operations.md").read_text()
     assert "lint" in main.commands      # type: ignore[attr-defined]
     for command in main.commands:       # type: ignore[attr-defined]
         assert f"admission-policy {command}" in README, command
-    assert "cleanup-webhooks --name admission-policy-operator" not in README
-    troubleshooting = README.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+        assert f"admission-policy {command}" in cli_page, command
+    assert "cleanup-webhooks --name admission-policy-operator" not in README + cli_page + operations
+    troubleshooting = operations.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
     for words in ('"path":"/metadata/finalizers"', "policy-operator.dev/exempt=true", "cleanup-webhooks",
                   "app.kubernetes.io/managed-by=admission-policy-operator", "failurePolicy"):
         assert words in troubleshooting, words

@@ -1,6 +1,7 @@
 """``admission-policy audit`` on manifests: inputs, table, reports, exit codes."""
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -9,9 +10,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+import builders
 from admission_policy.cli import main
+from builders import policy_body, rule
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
+NEEDS_TEAM = {"expression": "has(object.metadata.labels) && 'team' in object.metadata.labels",
+              "message": "a team label is required"}
 
 
 def run(*args: str, stdin: str | None = None) -> tuple[int, str, str]:
@@ -20,27 +25,18 @@ def run(*args: str, stdin: str | None = None) -> tuple[int, str, str]:
 
 
 def write_policy(path: Path, enforcement: str = "Enforce", name: str = "team-label") -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy", "metadata": {"name": name},
-        "spec": {"enforcement": enforcement, "match": {"resources": [
-            {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps", "namespaces"],
-             "operations": ["CREATE", "UPDATE"]}]},
-            "validations": [{"expression": "has(object.metadata.labels) && 'team' in object.metadata.labels",
-                             "message": "a team label is required"}]}}))
+    path.write_text(yaml.safe_dump(policy_body(name, rules=[rule("configmaps", "namespaces")], enforcement=enforcement,
+                                               validations=[NEEDS_TEAM])))
     return path
 
 
-def configmap(name: str, namespace: str | None = "apps", **labels: str) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name, "labels": labels}
-    if namespace:
-        metadata["namespace"] = namespace
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata}
+configmap = functools.partial(builders.configmap, namespace="apps")
 
 
 MANIFESTS = "\n---\n".join(yaml.safe_dump(doc) for doc in (
-    {"apiVersion": "v1", "kind": "List", "items": [configmap("bad"), configmap("good", team="a")]},
+    {"apiVersion": "v1", "kind": "List", "items": [configmap("bad"), configmap("good", labels={"team": "a"})]},
     {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "apps"}},
-    configmap("no-namespace", None),
+    configmap("no-namespace", namespace=None),
 ))
 
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+import builders
 from admission_policy.cli import main
 from admission_policy.engine import PolicySet, evaluate, parse_review
 from admission_policy.engine.inputs import StaticInputs
@@ -188,20 +189,17 @@ def test_one_policy_per_binding(tmp_path: Path) -> None:
 def review(*, resource: str = "configmaps", group: str = "", version: str = "v1", sub: str = "", name: str = "web",
            namespace: str = "default", operation: str = "CREATE", labels: dict[str, str] | None = None,
            old_labels: dict[str, str] | None = None, sent: tuple[str, str] | None = None) -> dict[str, Any]:
-    """An AdmissionReview as the API server sends it: empty fields left out (omitempty);
-    ``sent``: the (group, version) the client used, when the API server converted the request."""
+    """An AdmissionReview of a ConfigMap (or of ``resource``) as the API server sends it; ``sent``: the
+    (group, version) the client used, when the API server converted the request."""
     def body(with_labels: dict[str, str] | None) -> dict[str, Any]:
         return {"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": name, **({"labels": with_labels} if with_labels is not None else {})}}
-    gvr = {"group": group, "version": version, "resource": resource}
-    request: dict[str, Any] = {"uid": "1", "operation": operation, "resource": gvr, "userInfo": {"username": "u"},
-                               "requestResource": {**gvr, "group": sent[0], "version": sent[1]} if sent else gvr,
-                               "object": body(labels) if operation != "DELETE" else None,
-                               "oldObject": body(old_labels) if operation in ("UPDATE", "DELETE") else None}
-    for key, value in (("name", name), ("namespace", namespace), ("subResource", sub)):
-        if value:
-            request[key] = value
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+    sent_group, sent_version = sent or (group, version)
+    return builders.review(body(labels) if operation != "DELETE" else None, operation=operation,
+                           old=body(old_labels) if operation in ("UPDATE", "DELETE") else None,
+                           resource=resource, group=group, version=version, sub_resource=sub, name=name or None,
+                           namespace=namespace or None, uid="1", user_info={"username": "u"},
+                           requestResource={"group": sent_group, "version": sent_version, "resource": resource})
 
 
 def allowed(policy: dict[str, Any], request: dict[str, Any], namespace_labels: dict[str, str] | None = None) -> bool:

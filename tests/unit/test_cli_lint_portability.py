@@ -13,19 +13,18 @@ from click.testing import CliRunner
 from admission_policy.cli import main
 from admission_policy.operator.store import load_policy
 from admission_policy.vap.portability import BASELINE, KubernetesCel, Portability, portability
+from builders import POD_RULE, policy_body, rule
 
 ROOT = Path(__file__).parents[2]
-SECRETS = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["secrets"], "operations": ["CREATE", "UPDATE"]}
-PODS = {**SECRETS, "resources": ["pods"]}
+SECRETS = rule("secrets")
 CHECK = {"expression": "object.metadata.name != 'x'", "reason": "Forbidden"}
 
 
 def body(name: str = "p", **spec: Any) -> dict[str, Any]:
-    spec.setdefault("match", {"resources": [SECRETS]})
+    """A policy on Secrets, validating CHECK unless it mutates."""
     if "mutations" not in spec:
         spec.setdefault("validations", [CHECK])
-    return {"apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy", "metadata": {"name": name},
-            "spec": spec}
+    return policy_body(name, rules=[SECRETS], **spec)
 
 
 def verdict(policy: dict[str, Any], environment: KubernetesCel | None = None) -> Portability:
@@ -114,10 +113,10 @@ def test_the_oldest_kubernetes_a_portable_policy_runs_on(expression: str, kubern
     pytest.param({"reportAdmission": True}, ["spec.reportAdmission: the reports are this operator's (a "
                                              "ValidatingAdmissionPolicy's Audit action writes to the API server's "
                                              "audit log)"], id="reportAdmission"),
-    pytest.param({"match": {"resources": [PODS]}, "podControllers": ["Deployment"]},
+    pytest.param({"match": {"resources": [POD_RULE]}, "podControllers": ["Deployment"]},
                  ["spec.podControllers: this policy also judges the Pod templates of Deployment; a "
                   "ValidatingAdmissionPolicy on Pods judges Pods only"], id="Pod templates"),
-    pytest.param({"match": {"resources": [PODS]}, "podControllers": []}, [], id="Pods only"),
+    pytest.param({"match": {"resources": [POD_RULE]}, "podControllers": []}, [], id="Pods only"),
 ])
 def test_what_ports_with_a_translation(spec: dict[str, Any], notes: list[str]) -> None:
     found = verdict(body(**spec))

@@ -1,24 +1,21 @@
 """Decision log lines: what an INFO line says, the per-policy rate limit, DEBUG for everything."""
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Any
 
 import pytest
 
-from admission_policy.engine import Decision, Finding, PolicyOutcome, parse_review
+import builders
+from admission_policy.engine import Decision, Finding, PolicyOutcome
 from admission_policy.operator.decisions import DecisionLog
 
 LOGGER = "admission_policy.operator.decisions"
 
 
-def request(name: str = "web", *, namespace: str = "team-a", dry_run: bool = False, sub: str = "") -> Any:
-    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "u1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"}, "subResource": sub,
-        "name": name, "namespace": namespace, "operation": "CREATE", "dryRun": dry_run,
-        "userInfo": {"username": "alice"}, "object": {"metadata": {"name": name}}}}
-    return parse_review(review)
+# Each request logged here: alice creating Pod team-a/web.
+request = functools.partial(builders.request, builders.pod(namespace="team-a"), kind="Pod", name="web",
+                            namespace="team-a", user_info={"username": "alice"})
 
 
 def denied(policy: str = "p", message: str = "no") -> Decision:
@@ -50,7 +47,7 @@ def test_each_verdict_is_one_info_line_naming_policy_object_user_and_message(
     ))
     with caplog.at_level(logging.INFO, LOGGER):
         log.record(request(), denied("deny-x", "bad\nname"), "validate")
-        log.record(request(dry_run=True, sub="exec"), decision, "validate")
+        log.record(request(dryRun=True, sub_resource="exec"), decision, "validate")
     assert info_lines(caplog) == [
         "AdmissionPolicy deny-x: denied CREATE Pod team-a/web by alice: bad\\nname",
         "AdmissionPolicy warn-team: warned CREATE Pod team-a/web (pods/exec) by alice (dry run): pods need a team",

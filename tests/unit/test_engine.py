@@ -12,60 +12,18 @@ import jsonpatch
 import pytest
 
 from admission_policy import cel, celast
-from admission_policy.api import parse_policy
 from admission_policy.cli.documents import load_policies
 from admission_policy.engine import (
     Phase,
     PolicySet,
     ReviewError,
     build_response,
-    compile_policy,
     decode_review,
     evaluate,
-    parse_review,
 )
 from admission_policy.engine.request import MAX_JSON_DEPTH
-from admission_policy.operator.settings import OperatorSettings
-
-POD_RULE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE", "UPDATE"]}
-
-
-def policy(name: str = "p", *, rules: list[dict[str, Any]] | None = None, **spec: Any) -> Any:
-    match = spec.pop("match", {})
-    body = {
-        "apiVersion": "policy-operator.dev/v1alpha1",
-        "kind": "AdmissionPolicy",
-        "metadata": {"name": name},
-        "spec": {"match": {"resources": rules or [POD_RULE], **match}, **spec},
-    }
-    return compile_policy(parse_policy(body))
-
-
-def pod(name: str = "web", labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name, "namespace": "default"}
-    if labels is not None:
-        metadata["labels"] = labels
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
-            "spec": spec or {"containers": [{"name": "c", "image": "nginx"}]}}
-
-
-def request(obj: Any = None, *, operation: str = "CREATE", old: Any = None, resource: str = "pods",
-            group: str = "", version: str = "v1", sub_resource: str = "", namespace: str = "default",
-            options: Any = None) -> Any:
-    body: dict[str, Any] = {
-        "uid": "0000-1111", "operation": operation, "namespace": namespace,
-        "resource": {"group": group, "version": version, "resource": resource},
-        "object": obj, "oldObject": old, "userInfo": {"username": "alice", "groups": ["devs"]},
-        "options": options,
-    }
-    if sub_resource:
-        body["subResource"] = sub_resource
-    return parse_review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": body})
-
-
-def decide(policies: list[Any], req: Any, namespace: Any = None, phase: Phase = Phase.ALL) -> Any:
-    return evaluate(PolicySet(policies), req, namespace, phase)
-
+from admission_policy.operator.config import OperatorConfig
+from builders import POD_RULE, decide, namespace_object, pod, policy, request
 
 NO_OFFENSIVE = {"expression": "!object.metadata.name.contains('offensive')", "message": "forbidden name"}
 
@@ -258,20 +216,16 @@ def test_group_and_version_must_match() -> None:
     assert decide([p], request({}, resource="deployments", group="apps", version="v1beta1")).allowed
 
 
-def namespace(labels: dict[str, str]) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default", "labels": labels}}
-
-
 def test_namespace_selector_match_labels_and_expressions() -> None:
     selector = {"matchLabels": {"env": "prod"},
                 "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["sandbox"]},
                                      {"key": "team", "operator": "Exists"}]}
     p = policy(validations=[{"expression": "false"}], match={"namespaceSelector": selector})
     req = request(pod())
-    assert not decide([p], req, namespace({"env": "prod", "team": "a"})).allowed
-    assert decide([p], req, namespace({"env": "prod", "team": "a", "tier": "sandbox"})).allowed
-    assert decide([p], req, namespace({"env": "prod"})).allowed
-    assert decide([p], req, namespace({"env": "dev", "team": "a"})).allowed
+    assert not decide([p], req, namespace_object({"env": "prod", "team": "a"})).allowed
+    assert decide([p], req, namespace_object({"env": "prod", "team": "a", "tier": "sandbox"})).allowed
+    assert decide([p], req, namespace_object({"env": "prod"})).allowed
+    assert decide([p], req, namespace_object({"env": "dev", "team": "a"})).allowed
 
 
 def test_a_namespace_that_could_not_be_read_is_no_reason_to_skip_a_policy() -> None:
@@ -816,7 +770,7 @@ def test_a_legal_large_pod_is_judged_by_the_pod_security_examples_never_refused_
         body = _pss(privileged=privileged, annotations=annotations, containers=containers)
         old = _pss(privileged=False, annotations={}, containers=1) if operation == "UPDATE" else None
         decision = evaluate(PolicySet(policies), request(body, operation=operation, old=old),
-                            deadline=time.monotonic() + OperatorSettings().evaluation_deadline)
+                            deadline=time.monotonic() + OperatorConfig().evaluation_deadline)
         assert decision.allowed is allowed, decision.message
         assert all(not outcome.errors for outcome in decision.outcomes), decision.outcomes
         if not allowed:

@@ -13,7 +13,6 @@ import copy
 import json
 import re
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from hypothesis import event, example, given, settings, target
@@ -23,15 +22,12 @@ from admission_policy.api import PolicyError, parse_policy
 from admission_policy.engine import (
     CompiledPolicy,
     PolicyCompileError,
-    PolicySet,
     build_response,
     compile_policy,
-    evaluate,
-    parse_review,
 )
-from admission_policy.operator.settings import OperatorSettings
-
-Path = tuple[str | int, ...]
+from admission_policy.operator.config import OperatorConfig
+from builders import CREATE_POD_RULE, container, decide, pod, policy, request
+from jsonpaths import Path, get, paths
 
 # Every field the API has, each with a valid value: the fuzzer breaks them one to three at a time.
 VALID: dict[str, Any] = {
@@ -67,23 +63,6 @@ VALID: dict[str, Any] = {
         ],
     },
 }
-
-
-def paths(value: Any, prefix: Path = ()) -> Iterator[Path]:
-    """Every field and item of ``value``, parents first."""
-    yield prefix
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from paths(item, (*prefix, key))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from paths(item, (*prefix, index))
-
-
-def get(value: Any, path: Path) -> Any:
-    for step in path:
-        value = value[step]
-    return value
 
 
 ALL_PATHS = list(paths(VALID))
@@ -168,24 +147,15 @@ def compile_body(body: Any) -> CompiledPolicy:
     return compile_policy(parse_policy(body))
 
 
-def pod(containers: int, labels: int = 8) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "web", "namespace": "default",
-                         "labels": {f"l{i}": f"value-{i}" for i in range(labels)},
-                         "annotations": {"note": "a, b, c; " * 20}},
-            "spec": {"containers": [{"name": f"c{i}", "image": f"registry.example/app-{i}:1.{i}"}
-                                    for i in range(containers)]}}
+def sized_pod(containers: int, labels: int = 8) -> dict[str, Any]:
+    """A Pod of this many containers and labels, and a note to split and join."""
+    return pod(labels={f"l{i}": f"value-{i}" for i in range(labels)},
+               metadata={"annotations": {"note": "a, b, c; " * 20}},
+               containers=[container(f"c{i}", f"registry.example/app-{i}:1.{i}") for i in range(containers)])
 
 
-def review(obj: dict[str, Any], uid: str = "fuzz") -> Any:
-    return parse_review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": uid, "operation": "CREATE", "namespace": "default", "name": obj["metadata"]["name"],
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "userInfo": {"username": "alice", "groups": ["devs"]}, "object": obj, "oldObject": None}})
-
-
-SMALL_POD = review(pod(3))
-REFERENCE_POD = review(pod(200))       # about the compile-time reference: 16 KiB, 256 items
+SMALL_POD = request(sized_pod(3), name="web")
+REFERENCE_POD = request(sized_pod(200), name="web")       # about the compile-time reference: 16 KiB, 256 items
 NAMESPACE = {"metadata": {"name": "default", "labels": {"env": "prod", "tier": "a"}}}
 
 
@@ -221,8 +191,9 @@ def test_a_spec_is_compiled_or_refused_naming_the_field(edits: list[Edit]) -> No
     else:
         event("compiled")
         # What compiles also evaluates, without the engine's own failure answer (a defect of ours).
-        for request in (SMALL_POD, review({**pod(1), "metadata": {"name": "m", "labels": [1]}, "spec": 7})):
-            decision = evaluate(PolicySet([compiled]), request, NAMESPACE)
+        odd = request({**sized_pod(1), "metadata": {"name": "m", "labels": [1]}, "spec": 7}, name="m")
+        for req in (SMALL_POD, odd):
+            decision = decide(compiled, req, NAMESPACE)
             assert decision.code != 500, decision.message
             json.dumps(build_response(decision, "fuzz"), allow_nan=False)
 
@@ -324,17 +295,14 @@ def cel_bool(draw: st.DrawFn, depth: int, scope: tuple[str, ...]) -> str:
 
 
 EXPRESSIONS = st.integers(1, 5).flatmap(lambda depth: cel_bool(depth, ()))
-DEADLINE = OperatorSettings().evaluation_deadline   # what the webhook gives a request by default
+DEADLINE = OperatorConfig().evaluation_deadline   # what the webhook gives a request by default
 
 # Refusals the grammar may meet: the cost estimate, or the parser's nesting limit.
 REFUSALS = ("unbounded by construction", "nests too deeply")
 
 
-def policy_of(*expressions: str, name: str = "runaway") -> dict[str, Any]:
-    return {"apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy", "metadata": {"name": name},
-            "spec": {"match": {"resources": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
-                                              "operations": ["CREATE"]}]},
-                     "validations": [{"expression": e} for e in expressions]}}
+def runaway(expression: str) -> CompiledPolicy:
+    return policy("runaway", rules=[CREATE_POD_RULE], validations=[{"expression": expression}])
 
 
 # Twice the profile's examples: most are quick, and the slow ones are what this property is after.
@@ -348,16 +316,16 @@ def policy_of(*expressions: str, name: str = "runaway") -> dict[str, Any]:
          ".join('').contains('q')")
 def test_an_expression_is_refused_by_its_cost_or_evaluates_within_the_deadline(expression: str) -> None:
     try:
-        compiled = compile_body(policy_of(expression))
+        compiled = runaway(expression)
     except PolicyCompileError as error:
         assert any(refusal in str(error) for refusal in REFUSALS), str(error)
         event("refused at compile time")
         return
     event("compiled")
     slowest = 0.0
-    for request in (SMALL_POD, REFERENCE_POD):
+    for req in (SMALL_POD, REFERENCE_POD):
         started = time.monotonic()
-        decision = evaluate(PolicySet([compiled]), request, NAMESPACE, deadline=started + DEADLINE)
+        decision = decide(compiled, req, NAMESPACE, deadline=started + DEADLINE)
         spent = time.monotonic() - started
         assert spent < DEADLINE, f"{spent:.2f} s for {expression}"
         assert decision.code != 500, decision.message
@@ -372,9 +340,9 @@ def test_the_grammar_reaches_both_sides_of_the_budget() -> None:
     doubling = "cel.bind(s0, object.metadata.name + object.metadata.name, " + "".join(
         f"cel.bind(s{i}, s{i - 1} + s{i - 1}, " for i in range(1, 24)) + "s23.contains('x')" + ")" * 24
     try:
-        compile_body(policy_of(doubling))
+        runaway(doubling)
         raise AssertionError("a string doubled 24 times was admitted")
     except PolicyCompileError as error:
         assert "unbounded by construction" in str(error)
     nested = "object.spec.containers.all(c, c.image.split(':').all(part, part != ''))"
-    assert evaluate(PolicySet([compile_body(policy_of(nested))]), REFERENCE_POD).allowed
+    assert decide(runaway(nested), REFERENCE_POD).allowed

@@ -1,61 +1,32 @@
 """Params (spec.paramKind/paramRef) and context (spec.context): parsing, compiling, evaluating."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import pytest
 
-from admission_policy import features, plugins
+import builders
+from admission_policy import plugins
 from admission_policy.api import PolicyError, parse_policy
-from admission_policy.engine import (
-    Listing,
-    PolicyCompileError,
-    PolicySet,
-    StaticInputs,
-    compile_policy,
-    evaluate,
-    parse_review,
-)
+from admission_policy.engine import Listing, PolicyCompileError, StaticInputs
 from admission_policy.plugins import PluginRequest, ValidatorPlugin
+from builders import decide, request, rule
 
-DEPLOYMENTS = {"apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["deployments"],
-               "operations": ["CREATE", "UPDATE"]}
+DEPLOYMENTS = rule("deployments", group="apps")
 PARAMS = {"paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
           "paramRef": {"name": "limits", "parameterNotFoundAction": "Deny"}}
 CONTEXT = [{"name": "deployments", "group": "apps", "version": "v1", "resource": "deployments",
             "scope": "RequestNamespace", "maxObjects": 3}]
 
-
-def body(**spec: Any) -> dict[str, Any]:
-    spec.setdefault("validations", [{"expression": "true"}])
-    return {"apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy", "metadata": {"name": "p"},
-            "spec": {"match": {"resources": [DEPLOYMENTS]}, **spec}}
-
-
-def policy(**spec: Any) -> Any:
-    return compile_policy(parse_policy(body(**spec)))
-
-
-def deployment(name: str = "web", namespace: str = "team-a", replicas: int = 1) -> dict[str, Any]:
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"replicas": replicas}}
-
-
-def configmap(name: str, namespace: str = "team-a", labels: dict[str, str] | None = None,
-              **data: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}}, "data": data}
-
-
-def request(obj: dict[str, Any]) -> Any:
-    return parse_review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "1", "operation": "CREATE", "namespace": obj["metadata"]["namespace"], "name": obj["metadata"]["name"],
-        "resource": {"group": "apps", "version": "v1", "resource": "deployments"}, "object": obj}})
-
-
-def decide(compiled: Any, obj: dict[str, Any], inputs: Any = None) -> Any:
-    return evaluate(PolicySet([compiled]), request(obj), inputs=inputs)
+# Every policy here is on Deployments, validating ``true`` unless told otherwise, and every
+# object a Deployment in TEAM, the namespace its params and context are read from.
+TEAM = "team-a"
+policy_body = functools.partial(builders.policy_body, rules=[DEPLOYMENTS], validations=[{"expression": "true"}])
+policy = functools.partial(builders.policy, rules=[DEPLOYMENTS], validations=[{"expression": "true"}])
+deployment = functools.partial(builders.deployment, namespace=TEAM)
+configmap = functools.partial(builders.configmap, namespace=TEAM)
 
 
 # --- parsing ------------------------------------------------------------------------------------------------
@@ -77,13 +48,14 @@ def decide(compiled: Any, obj: dict[str, Any], inputs: Any = None) -> Any:
 ])
 def test_bad_params_and_context_are_refused_naming_the_field(spec: dict[str, Any], path: str, fragment: str) -> None:
     with pytest.raises(PolicyError) as error:
-        parse_policy(body(**spec))
+        parse_policy(policy_body(**spec))
     assert error.value.path == path
     assert fragment in error.value.message
 
 
 def test_context_and_params_parse_into_typed_values() -> None:
-    parsed = parse_policy(body(**PARAMS, context=[{**CONTEXT[0], "labelSelector": {"matchLabels": {"a": "b"}}}]))
+    labelled = [{**CONTEXT[0], "labelSelector": {"matchLabels": {"a": "b"}}}]
+    parsed = parse_policy(policy_body(**PARAMS, context=labelled))
     assert parsed.param_kind is not None and parsed.param_kind.kind == "ConfigMap" and parsed.param_kind.group == ""
     assert parsed.param_ref is not None and parsed.param_ref.name == "limits"
     entry = parsed.context[0]
@@ -122,37 +94,35 @@ LIMIT = [{"expression": "object.spec.replicas <= int(params.data.max)",
 
 
 def test_each_matching_param_is_one_evaluation() -> None:
-    compiled = policy(paramKind=PARAMS["paramKind"], paramRef={"selector": {"matchLabels": {"quota": "yes"}}},
-                      validations=LIMIT)
-    inputs = StaticInputs([configmap("a", labels={"quota": "yes"}, max="3"), configmap("b", labels={"quota": "yes"},
-                          max="2"), configmap("c", max="1"), configmap("d", namespace="other", max="0")])
-    assert decide(compiled, deployment(replicas=2), inputs).allowed
-    denied = decide(compiled, deployment(replicas=4), inputs)
+    quota = {"quota": "yes"}
+    compiled = policy(paramKind=PARAMS["paramKind"], paramRef={"selector": {"matchLabels": quota}}, validations=LIMIT)
+    inputs = StaticInputs([configmap("a", labels=quota, data={"max": "3"}),
+                           configmap("b", labels=quota, data={"max": "2"}),
+                           configmap("c", data={"max": "1"}), configmap("d", namespace="other", data={"max": "0"})])
+    assert decide(compiled, deployment(replicas=2), inputs=inputs).allowed
+    denied = decide(compiled, deployment(replicas=4), inputs=inputs)
     assert not denied.allowed
     assert "at most 3 replicas (a); at most 2 replicas (b)" in denied.message
 
 
 def test_the_param_is_read_in_the_request_namespace_or_a_fixed_one() -> None:
-    inputs = StaticInputs([configmap("limits", max="5"), configmap("limits", namespace="shared", max="1")])
+    inputs = StaticInputs([configmap("limits", data={"max": "5"}),
+                           configmap("limits", namespace="shared", data={"max": "1"})])
     own = policy(**PARAMS, validations=LIMIT)
-    assert decide(own, deployment(replicas=4), inputs).allowed
+    assert decide(own, deployment(replicas=4), inputs=inputs).allowed
     fixed = policy(paramKind=PARAMS["paramKind"], paramRef={"name": "limits", "namespace": "shared"},
                    validations=LIMIT)
-    assert "at most 1 replicas" in decide(fixed, deployment(replicas=4), inputs).message
+    assert "at most 1 replicas" in decide(fixed, deployment(replicas=4), inputs=inputs).message
 
 
 def test_a_cluster_scoped_object_gets_no_namespaced_param_without_paramref_namespace() -> None:
     """As ValidatingAdmissionPolicy: the param of a cluster-scoped request cannot be the request's
     namespace's; it was read from every namespace, so any team's limits judged a Namespace."""
-    rule = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["namespaces"], "operations": ["CREATE"]}
-    spec = body(**PARAMS, validations=[{"expression": "params.data.max == '1'"}])
-    spec["spec"]["match"] = {"resources": [rule]}
-    compiled = compile_policy(parse_policy(spec))
-    namespace = parse_review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "1", "operation": "CREATE", "name": "new", "resource": {"group": "", "version": "v1",
-                                                                        "resource": "namespaces"},
-        "object": {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "new"}}}})
-    decision = evaluate(PolicySet([compiled]), namespace, inputs=StaticInputs([configmap("limits", max="1")]))
+    compiled = policy(rules=[rule("namespaces", operations=["CREATE"])], **PARAMS,
+                      validations=[{"expression": "params.data.max == '1'"}])
+    namespace = request({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "new"}},
+                        resource="namespaces", name="new", namespace=None)
+    decision = decide(compiled, namespace, inputs=StaticInputs([configmap("limits", data={"max": "1"})]))
     assert not decision.allowed
     assert ("param ConfigMap limits cannot be chosen for a cluster-scoped object: ConfigMap is namespaced and "
             "spec.paramRef.namespace is unset") in decision.message
@@ -163,28 +133,30 @@ def test_a_param_is_found_at_any_version_of_its_group_as_the_operator_finds_it()
     holding the object at another version of the group is the same param offline."""
     compiled = policy(paramKind={"apiVersion": "quota.example.com/v1", "kind": "Limits"},
                       paramRef={"name": "limits"}, validations=LIMIT)
-    stored = {**configmap("limits", max="1"), "apiVersion": "quota.example.com/v1beta1", "kind": "Limits"}
-    denied = decide(compiled, deployment(replicas=2), StaticInputs([stored]))
+    stored = {**configmap("limits", data={"max": "1"}), "apiVersion": "quota.example.com/v1beta1", "kind": "Limits"}
+    denied = decide(compiled, deployment(replicas=2), inputs=StaticInputs([stored]))
     assert "at most 1 replicas (limits)" in denied.message
     other_group = {**stored, "apiVersion": "quota.other.com/v1"}
-    assert "param Limits team-a/limits not found" in decide(compiled, deployment(), StaticInputs([other_group])).message
+    missing = decide(compiled, deployment(), inputs=StaticInputs([other_group]))
+    assert "param Limits team-a/limits not found" in missing.message
 
 
 def test_a_missing_param_follows_parameter_not_found_action_and_failure_policy() -> None:
     deny = policy(**PARAMS, validations=LIMIT)
-    refused = decide(deny, deployment(), StaticInputs())
+    refused = decide(deny, deployment(), inputs=StaticInputs())
     assert not refused.allowed
     assert "param ConfigMap team-a/limits not found (spec.paramRef.parameterNotFoundAction is Deny)" in refused.message
     ignore = policy(**PARAMS, failurePolicy="Ignore", validations=LIMIT)
-    assert decide(ignore, deployment(), StaticInputs()).allowed
+    assert decide(ignore, deployment(), inputs=StaticInputs()).allowed
     allow = policy(paramKind=PARAMS["paramKind"], paramRef={"name": "limits", "parameterNotFoundAction": "Allow"},
                    validations=LIMIT)
-    skipped = decide(allow, deployment(), StaticInputs())
+    skipped = decide(allow, deployment(), inputs=StaticInputs())
     assert skipped.allowed and not skipped.outcomes
 
 
 def test_a_malformed_param_is_an_evaluation_error_naming_it() -> None:
-    decision = decide(policy(**PARAMS, validations=LIMIT), deployment(), StaticInputs([configmap("limits", max="x")]))
+    decision = decide(policy(**PARAMS, validations=LIMIT), deployment(),
+                      inputs=StaticInputs([configmap("limits", data={"max": "x"})]))
     assert not decision.allowed
     assert "(with param ConfigMap team-a/limits)" in decision.message
 
@@ -193,11 +165,12 @@ def test_context_lists_the_request_namespace_within_the_cap() -> None:
     compiled = policy(context=CONTEXT, validations=[{
         "expression": "context.deployments.map(d, d.spec.replicas).sum() + object.spec.replicas <= 4",
         "message": "too many replicas in the namespace"}])
-    inputs = StaticInputs(context_objects={"deployments": [deployment("a", replicas=2), deployment("b", "other", 9)]})
-    assert decide(compiled, deployment(replicas=2), inputs).allowed
-    assert not decide(compiled, deployment(replicas=3), inputs).allowed
+    inputs = StaticInputs(context_objects={"deployments": [deployment("a", replicas=2),
+                                                           deployment("b", namespace="other", replicas=9)]})
+    assert decide(compiled, deployment(replicas=2), inputs=inputs).allowed
+    assert not decide(compiled, deployment(replicas=3), inputs=inputs).allowed
     crowded = StaticInputs(context_objects={"deployments": [deployment(str(i), replicas=0) for i in range(4)]})
-    over = decide(compiled, deployment(), crowded)
+    over = decide(compiled, deployment(), inputs=crowded)
     assert not over.allowed
     assert "holds 4 objects in namespace team-a, over its maxObjects of 3 (spec.context[0].maxObjects)" in over.message
 
@@ -212,11 +185,11 @@ class Unsynced:
 
 def test_inputs_not_in_sync_get_the_failure_policy_answer_never_a_verdict() -> None:
     compiled = policy(context=CONTEXT, validations=[{"expression": "context.deployments.size() == 0"}])
-    refused = decide(compiled, deployment(), Unsynced())
+    refused = decide(compiled, deployment(), inputs=Unsynced())
     assert not refused.allowed
     assert "context 'deployments' (deployments.apps/v1) is not in sync: the watch has failed for 12s" in refused.message
     lenient = policy(context=CONTEXT, failurePolicy="Ignore", validations=[{"expression": "false"}])
-    decision = decide(lenient, deployment(), Unsynced())
+    decision = decide(lenient, deployment(), inputs=Unsynced())
     assert decision.allowed and decision.outcomes[0].errors
 
 
@@ -240,10 +213,9 @@ def test_plugins_see_params_and_context() -> None:
     found = plugins.discover(group="admission_policy.plugins.none")
     registry = plugins.Registry({**found.plugins, "sees-inputs": SeesInputs()}, {**found.sources,
                                                                                  "sees-inputs": "test"})
-    compiled = compile_policy(parse_policy(body(**PARAMS, context=CONTEXT, validations=[
-        {"plugin": {"name": "sees-inputs"}}])), registry=registry, gates=features.parse("", registry))
+    compiled = policy(registry=registry, **PARAMS, context=CONTEXT, validations=[{"plugin": {"name": "sees-inputs"}}])
     inputs = StaticInputs([configmap("limits")], {"deployments": [deployment("a")]})
-    decision = decide(compiled, deployment(), inputs)
+    decision = decide(compiled, deployment(), inputs=inputs)
     assert "param limits, context ['a']" in decision.message
 
 

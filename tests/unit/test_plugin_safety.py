@@ -13,13 +13,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import pytest
-from test_plugins import body, decide, pod
 
-from admission_policy import features, plugins
-from admission_policy.api import parse_policy
-from admission_policy.engine import PolicySet, StaticInputs, build_response, compile_policy, evaluate, parse_review
+import builders
+from admission_policy import plugins
+from admission_policy.engine import StaticInputs, build_response
 from admission_policy.engine.plugincalls import WORKERS, PluginFault, Workers
 from admission_policy.plugins import Failure, MutatorPlugin, PluginRequest, ValidatorPlugin
+from builders import decide, pod, policy
 
 WAIT = 10.0   # how long a test plugin blocks at most: never reached unless the engine waits for it
 
@@ -138,13 +138,8 @@ def registry() -> Iterator[plugins.Registry]:
         time.sleep(0.01)
 
 
-def policy(registry: plugins.Registry, failure_policy: str = "Fail", **kwargs: Any) -> Any:
-    return compile_policy(parse_policy(body(failure_policy=failure_policy, **kwargs)), registry=registry,
-                          gates=features.parse("", registry))
-
-
 def validated_by(registry: plugins.Registry, name: str, **config: Any) -> Any:
-    return policy(registry, validations=[{"plugin": {"name": name, "config": config}}])
+    return policy(registry=registry, validations=[{"plugin": {"name": name, "config": config}}])
 
 
 def wait_until_back(name: str) -> None:
@@ -162,7 +157,7 @@ def test_a_blocked_plugin_is_answered_for_when_its_budget_runs_out_and_is_not_ca
     blocks = registry.plugins["blocks"]
     assert isinstance(blocks, Blocks)
     checked = validated_by(registry, "blocks")
-    denied = decide(checked, pod("nginx"))
+    denied = decide(checked, pod())
     assert not blocks.returned.is_set()   # answered while the plugin still runs
     assert not denied.allowed
     assert ("spec.validations[0].plugin: plugin 'blocks' did not return within its budget of 10 ms per call"
@@ -173,35 +168,31 @@ def test_a_blocked_plugin_is_answered_for_when_its_budget_runs_out_and_is_not_ca
     # Until it returns, its calls fail at once, on no new thread, and are not logged again.
     threads = threading.active_count()
     for _ in range(5):
-        again = decide(checked, pod("nginx"))
+        again = decide(checked, pod())
         assert "plugin 'blocks' was not called: its call of" in again.message
         assert "which did not return within its budget of 10 ms per call, is still running" in again.message
     assert threading.active_count() == threads
     assert [r.levelname for r in caplog.records if "'blocks'" in r.getMessage()] == ["ERROR"]
-    ignored = policy(registry, "Ignore", validations=[{"plugin": {"name": "blocks"}}])
-    assert decide(ignored, pod("nginx")).allowed
+    ignored = policy(registry=registry, failurePolicy="Ignore", validations=[{"plugin": {"name": "blocks"}}])
+    assert decide(ignored, pod()).allowed
 
     blocks.release.set()
     wait_until_back("blocks")
-    assert decide(checked, pod("nginx")).allowed
+    assert decide(checked, pod()).allowed
 
 
 def test_a_looping_plugin_is_stopped_even_when_it_swallows_exceptions(registry: plugins.Registry) -> None:
     loops = registry.plugins["loops"]
     assert isinstance(loops, Loops)
-    denied = decide(validated_by(registry, "loops"), pod("nginx"))
+    denied = decide(validated_by(registry, "loops"), pod())
     assert "plugin 'loops' did not return within its budget of 10 ms per call" in denied.message
     assert loops.ended.wait(WAIT) and not loops.ran_out   # stopped, not run to its end
     wait_until_back("loops")
 
 
 def test_a_plugin_still_running_at_the_requests_deadline_is_answered_for_then(registry: plugins.Registry) -> None:
-    review = parse_review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
-        "namespace": "default", "name": "web", "object": pod("nginx"), "userInfo": {"username": "alice"}}})
     checked = validated_by(registry, "blocks-past-the-deadline")
-    decision = evaluate(PolicySet([checked]), review, deadline=time.monotonic() + 0.05)
+    decision = decide(checked, pod(), deadline=time.monotonic() + 0.05)
     assert "plugin 'blocks-past-the-deadline' did not return within the request's evaluation deadline" \
         in decision.message
 
@@ -224,39 +215,34 @@ def test_the_threads_overrunning_plugins_hold_are_bounded() -> None:
 
 def test_sys_exit_in_a_plugin_is_an_evaluation_error_and_keyboard_interrupt_goes_through(
         registry: plugins.Registry) -> None:
-    denied = decide(validated_by(registry, "exits"), pod("nginx"))
+    denied = decide(validated_by(registry, "exits"), pod())
     assert not denied.allowed and "plugin 'exits' raised SystemExit: 3" in denied.message
     with pytest.raises(KeyboardInterrupt):
-        decide(validated_by(registry, "interrupted"), pod("nginx"))
+        decide(validated_by(registry, "interrupted"), pod())
 
 
 # --- inputs: a plugin's edits reach no one else ---------------------------------------------------
 
 def test_a_plugin_editing_its_inputs_changes_nothing_others_see(registry: plugins.Registry) -> None:
-    spec = body(validations=[
+    checked = policy(registry=registry, validations=[
         {"plugin": {"name": "vandal"}},
         {"expression": "object.metadata.name == 'web' && size(object.spec.containers) == 1 && "
                        "request.userInfo.username == 'alice' && namespaceObject.metadata.labels.team == 'a' && "
                        "params.data.limit == '1' && context.pods[0].metadata.name == 'other'",
-         "message": "a plugin changed what CEL sees"}])
-    spec["spec"] |= {"paramKind": {"apiVersion": "v1", "kind": "ConfigMap"}, "paramRef": {"name": "limits"},
-                     "context": [{"name": "pods", "group": "", "version": "v1", "resource": "pods",
-                                  "scope": "RequestNamespace", "maxObjects": 10}]}
-    checked = compile_policy(parse_policy(spec), registry=registry, gates=features.parse("", registry))
+         "message": "a plugin changed what CEL sees"}],
+        paramKind={"apiVersion": "v1", "kind": "ConfigMap"}, paramRef={"name": "limits"},
+        context=[{"name": "pods", "group": "", "version": "v1", "resource": "pods", "scope": "RequestNamespace",
+                  "maxObjects": 10}])
     params = [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "limits", "namespace": "default"},
                "data": {"limit": "1"}}]
-    context = {"pods": [pod("busybox", name="other")]}
-    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default", "labels": {"team": "a"}}}
+    context = {"pods": [pod("other", images=["busybox"])]}
+    namespace = builders.namespace_object({"team": "a"})
     inputs = StaticInputs(params, context)
     cached = copy.deepcopy((params, context, namespace))
-    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
-        "namespace": "default", "name": "web", "object": pod("nginx"), "userInfo": {"username": "alice"}}}
-    request = parse_review(review)
-    decision = evaluate(PolicySet([checked]), request, namespace, inputs=inputs)
+    request = builders.request(pod(), name="web", user_info={"username": "alice"})
+    decision = decide(checked, request, namespace, inputs=inputs)
     assert decision.allowed, decision.message
-    assert decision.patched_object == pod("nginx") and not decision.patch
+    assert decision.patched_object == pod() and not decision.patch
     assert request.raw["userInfo"] == {"username": "alice"}
     assert (params, context, namespace) == cached   # the operator's caches, here the supplied inputs
 
@@ -301,11 +287,12 @@ def test_a_mutator_returning_what_json_cannot_carry_is_an_evaluation_error_namin
     mutates = registry.plugins["mutates"]
     assert isinstance(mutates, Mutates)
     mutates.answer = answer
-    denied = decide(policy(registry, mutations=[{"plugin": {"name": "mutates"}}]), pod("nginx"))
+    denied = decide(policy(registry=registry, mutations=[{"plugin": {"name": "mutates"}}]), pod())
     assert not denied.allowed and not denied.patch
     assert f"spec.mutations[0].plugin: plugin 'mutates' {found}" in denied.message
     assert build_response(denied, "1")["response"]["status"]["code"] == 403
-    ignored = decide(policy(registry, "Ignore", mutations=[{"plugin": {"name": "mutates"}}]), pod("nginx"))
+    ignored = decide(policy(registry=registry, failurePolicy="Ignore", mutations=[{"plugin": {"name": "mutates"}}]),
+                     pod())
     assert ignored.allowed and not ignored.patch and found in ignored.outcomes[0].errors[0]
     assert [c.result for c in ignored.plugin_calls] == ["error"]
 
@@ -320,7 +307,7 @@ def test_what_a_mutator_returns_is_the_engines_own(registry: plugins.Registry) -
         return kept
 
     mutates.answer = answer
-    decision = decide(policy(registry, mutations=[{"plugin": {"name": "mutates"}}]), pod("nginx"))
+    decision = decide(policy(registry=registry, mutations=[{"plugin": {"name": "mutates"}}]), pod())
     kept["metadata"]["labels"]["a"] = "changed later"
     assert decision.allowed and decision.patched_object["metadata"]["labels"] == {"a": "b"}
 
@@ -334,14 +321,14 @@ def test_what_a_mutator_returns_is_the_engines_own(registry: plugins.Registry) -
 ])
 def test_a_failure_without_a_message_is_an_evaluation_error_naming_the_plugin(
         registry: plugins.Registry, failures: list[Any], shown: str) -> None:
-    denied = decide(validated_by(registry, "returns", failures=failures), pod("nginx"))
+    denied = decide(validated_by(registry, "returns", failures=failures), pod())
     assert not denied.allowed and "spec.validations[0].plugin: plugin 'returns' returned " in denied.message
     assert shown in denied.message and "a failure is a non-empty str" in denied.message
     assert [c.result for c in denied.plugin_calls] == ["error"]
 
 
 def test_failures_with_messages_are_reported(registry: plugins.Registry) -> None:
-    denied = decide(validated_by(registry, "returns", failures=["plain", ["bad", "spec.x"]]), pod("nginx"))
+    denied = decide(validated_by(registry, "returns", failures=["plain", ["bad", "spec.x"]]), pod())
     assert "plain; spec.x: bad" in denied.message and [c.result for c in denied.plugin_calls] == ["failed"]
 
 

@@ -11,40 +11,15 @@ from typing import Any, ClassVar
 
 import pytest
 
-from admission_policy import api, features, plugins
+from admission_policy import features, plugins
 from admission_policy.api import PolicyError, parse_policy
 from admission_policy.builtin_plugins.images import parse_reference
-from admission_policy.engine import PolicySet, compile_policy, evaluate, parse_review
 from admission_policy.engine.compiler import PolicyCompileError
 from admission_policy.plugins import Failure, MutatorPlugin, PluginRequest, ValidatorPlugin
+from builders import decide, pod, policy, policy_body
 
 PACKAGE = pathlib.Path(__file__).parents[1] / "plugin_package"
-POD_RULE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE", "UPDATE"]}
 DIGEST = "sha256:" + "a" * 64
-
-
-def body(*, validations: list[Any] | None = None, mutations: list[Any] | None = None,
-         failure_policy: str = "Fail") -> dict[str, Any]:
-    spec: dict[str, Any] = {"match": {"resources": [POD_RULE]}, "failurePolicy": failure_policy}
-    if validations:
-        spec["validations"] = validations
-    if mutations:
-        spec["mutations"] = mutations
-    return {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "p"}, "spec": spec}
-
-
-def pod(*images: str, **metadata: Any) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "default", **metadata},
-            "spec": {"containers": [{"name": f"c{i}", "image": image} for i, image in enumerate(images)]}}
-
-
-def decide(compiled: Any, obj: Any) -> Any:
-    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
-        "namespace": "default", "name": "web", "object": obj, "oldObject": None,
-        "userInfo": {"username": "alice"}}}
-    return evaluate(PolicySet([compiled]), parse_review(review))
 
 
 class Raises(ValidatorPlugin):
@@ -88,45 +63,40 @@ def registry() -> plugins.Registry:
     return plugins.Registry({**found.plugins, **extra}, {**found.sources, **dict.fromkeys(extra, "test")})
 
 
-def compiled(registry: plugins.Registry, gates: str = "", **kwargs: Any) -> Any:
-    return compile_policy(parse_policy(body(**kwargs)), registry=registry,
-                          gates=features.parse(gates, registry))
-
-
 # --- API -------------------------------------------------------------------------------------
 
 def test_a_validation_is_cel_or_a_plugin_not_both() -> None:
     with pytest.raises(PolicyError, match=r"spec.validations\[0\]: needs exactly one of expression or plugin"):
-        parse_policy(body(validations=[{"expression": "true", "plugin": {"name": "x"}}]))
+        parse_policy(policy_body(validations=[{"expression": "true", "plugin": {"name": "x"}}]))
     with pytest.raises(PolicyError, match=r"spec.mutations\[0\].plugin.bogus: unknown field"):
-        parse_policy(body(mutations=[{"plugin": {"name": "x", "bogus": 1}}]))
+        parse_policy(policy_body(mutations=[{"plugin": {"name": "x", "bogus": 1}}]))
 
 
 def test_an_unknown_plugin_or_a_bad_config_is_a_compile_error_naming_the_field(registry: plugins.Registry) -> None:
     with pytest.raises(PolicyCompileError, match=r"spec.validations\[1\].plugin.name: no plugin named 'nope'"):
-        compiled(registry, validations=[{"expression": "true"}, {"plugin": {"name": "nope"}}])
+        policy(registry=registry, validations=[{"expression": "true"}, {"plugin": {"name": "nope"}}])
     with pytest.raises(PolicyCompileError) as caught:
-        compiled(registry, validations=[{"plugin": {"name": "image-references",
+        policy(registry=registry, validations=[{"plugin": {"name": "image-references",
                                                     "config": {"requireDigest": "yes"}}}])
     assert "spec.validations[0].plugin.config.requireDigest: 'yes' is not of type 'boolean'" in str(caught.value)
     with pytest.raises(PolicyCompileError, match=r"plugin.config.allowedRegistries\[1\]: 'bad host!/x'"):
-        compiled(registry, validations=[{"plugin": {"name": "image-references", "config": {
+        policy(registry=registry, validations=[{"plugin": {"name": "image-references", "config": {
             "allowedRegistries": ["ok.io", "bad host!/x"]}}}])
     with pytest.raises(PolicyCompileError, match="is a mutator, not a validator"):
-        compiled(registry, validations=[{"plugin": {"name": "add-label", "config": {"value": "x"}}}])
+        policy(registry=registry, validations=[{"plugin": {"name": "add-label", "config": {"value": "x"}}}])
 
 
 # --- evaluation: plugins mix with CEL; their errors are the failurePolicy's ---------------------
 
 def test_cel_and_plugin_failures_are_reported_in_order(registry: plugins.Registry) -> None:
-    policy = compiled(registry, validations=[
+    compiled = policy(registry=registry, validations=[
         {"expression": "object.metadata.name != 'web'", "message": "not web"},
         {"plugin": {"name": "image-references", "config": {"requireDigest": True}}}])
-    decision = decide(policy, pod("nginx"))
+    decision = decide(compiled, pod())
     assert not decision.allowed
     assert "not web; spec.containers[0].image: nginx is not pinned by a digest" in decision.message
     assert [(c.plugin, c.result) for c in decision.plugin_calls] == [("image-references", "failed")]
-    assert decide(policy, {**pod(f"nginx@{DIGEST}"), "metadata": {"name": "api"}}).allowed
+    assert decide(compiled, {**pod(images=[f"nginx@{DIGEST}"]), "metadata": {"name": "api"}}).allowed
 
 
 @pytest.mark.parametrize(("plugin", "text"), [
@@ -135,24 +105,24 @@ def test_cel_and_plugin_failures_are_reported_in_order(registry: plugins.Registr
 ])
 def test_a_plugin_raising_or_returning_garbage_is_an_evaluation_error(
         registry: plugins.Registry, plugin: str, text: str) -> None:
-    failing = decide(compiled(registry, validations=[{"plugin": {"name": plugin}}]), pod("nginx"))
+    failing = decide(policy(registry=registry, validations=[{"plugin": {"name": plugin}}]), pod())
     assert not failing.allowed and text in failing.message and "spec.validations[0].plugin" in failing.message
     assert [c.result for c in failing.plugin_calls] == ["error"]
-    ignored = decide(compiled(registry, failure_policy="Ignore", validations=[{"plugin": {"name": plugin}}]),
-                     pod("nginx"))
+    ignored = decide(policy(registry=registry, failurePolicy="Ignore", validations=[{"plugin": {"name": plugin}}]),
+                     pod())
     assert ignored.allowed and text in ignored.outcomes[0].errors[0]
 
 
 def test_a_mutator_plugin_returns_a_json_patch(registry: plugins.Registry) -> None:
-    policy = compiled(registry, "AddLabelPlugin=true", mutations=[{"plugin": {"name": "add-label",
+    compiled = policy(registry=registry, gates="AddLabelPlugin=true", mutations=[{"plugin": {"name": "add-label",
                                                                              "config": {"value": "yes"}}}])
-    decision = decide(policy, pod("nginx"))
+    decision = decide(compiled, pod())
     assert decision.allowed and decision.patched_object["metadata"]["labels"] == {"from-plugin": "yes"}
 
 
 def test_a_mutator_plugin_patching_in_a_value_json_cannot_carry_is_an_evaluation_error(
         registry: plugins.Registry) -> None:
-    decision = decide(compiled(registry, mutations=[{"plugin": {"name": "add-not-a-number"}}]), pod("nginx"))
+    decision = decide(policy(registry=registry, mutations=[{"plugin": {"name": "add-not-a-number"}}]), pod())
     assert not decision.allowed and not decision.patch
     assert "spec.mutations[0].plugin: plugin 'add-not-a-number' returned NaN at [0].value.ratio, which is not a " \
            "JSON number" in decision.message
@@ -174,12 +144,12 @@ def test_gates_have_stage_defaults_and_parse_kubernetes_style(registry: plugins.
 
 
 def test_a_gated_off_plugin_is_skipped_and_reported(registry: plugins.Registry) -> None:
-    policy = compiled(registry, "ImageReferencesPlugin=false", validations=[
+    compiled = policy(registry=registry, gates="ImageReferencesPlugin=false", validations=[
         {"plugin": {"name": "image-references", "config": {"requireDigest": True}}}])
-    assert policy.gated_off == ("spec.validations[0].plugin: plugin 'image-references' is switched off by "
-                                "feature gate ImageReferencesPlugin=false; this rule is skipped",)
-    assert decide(policy, pod("nginx")).allowed
-    assert compiled(registry, "PythonPlugins=false", mutations=[
+    assert compiled.gated_off == ("spec.validations[0].plugin: plugin 'image-references' is switched off by "
+                                  "feature gate ImageReferencesPlugin=false; this rule is skipped",)
+    assert decide(compiled, pod()).allowed
+    assert policy(registry=registry, gates="PythonPlugins=false", mutations=[
         {"plugin": {"name": "add-label", "config": {"value": "x"}}}]).gated_off
 
 
@@ -204,16 +174,14 @@ def test_a_plugin_from_an_installed_package_is_discovered_and_used(installed: pa
     assert found.sources["label-checksum"] == "acme-policy-plugins"
     assert found.sources["image-references"] == "builtin"
     assert [b.name for b in found.broken] == ["broken"] and "DoesNotExist" in found.broken[0].error
-    spec = body(validations=[{"plugin": {"name": "label-checksum",
-                                         "config": {"label": "app", "annotation": "acme.com/sha"}}}])
-    off = compile_policy(parse_policy(spec), registry=found, gates=features.parse("", found))
+    checksum = [{"plugin": {"name": "label-checksum", "config": {"label": "app", "annotation": "acme.com/sha"}}}]
+    off = policy(registry=found, validations=checksum)
     assert off.gated_off   # Alpha: off by default
-    on = compile_policy(parse_policy(spec), registry=found,
-                        gates=features.parse("LabelChecksumPlugin=true", found))
-    bad = pod(f"nginx@{DIGEST}", labels={"app": "web"}, annotations={"acme.com/sha": "0"})
+    on = policy(registry=found, gates="LabelChecksumPlugin=true", validations=checksum)
+    bad = pod(labels={"app": "web"}, images=[f"nginx@{DIGEST}"], metadata={"annotations": {"acme.com/sha": "0"}})
     assert "must be the sha256 of label app" in decide(on, bad).message
-    good = pod(f"nginx@{DIGEST}", labels={"app": "web"},
-               annotations={"acme.com/sha": hashlib.sha256(b"web").hexdigest()})
+    good = pod(labels={"app": "web"}, images=[f"nginx@{DIGEST}"],
+               metadata={"annotations": {"acme.com/sha": hashlib.sha256(b"web").hexdigest()}})
     assert decide(on, good).allowed
 
 
@@ -222,15 +190,14 @@ def test_a_policy_naming_a_plugin_that_failed_to_load_is_refused_with_its_error(
     with pytest.raises(PolicyCompileError, match=r"spec.validations\[0\].plugin.name: plugin 'broken' is installed "
                                                  r"\(by acme-policy-plugins\) but failed to load: AttributeError: .*"
                                                  r"DoesNotExist"):
-        compile_policy(parse_policy(body(validations=[{"plugin": {"name": "broken"}}])), registry=found,
-                       gates=features.parse("", found))
+        policy(registry=found, validations=[{"plugin": {"name": "broken"}}])
 
 
 def test_the_operator_logs_each_broken_plugin_once_at_startup(installed: pathlib.Path,
                                                                caplog: pytest.LogCaptureFixture) -> None:
-    from admission_policy.operator import handlers
+    from admission_policy.operator import lifecycle
 
-    handlers._report_broken_plugins(plugins.discover())
+    lifecycle._report_broken_plugins(plugins.discover())
     assert [(r.levelname, r.getMessage()) for r in caplog.records if "broken" in r.getMessage()] == [
         ("WARNING", "Plugin 'broken' (from acme-policy-plugins) failed to load and is unavailable: AttributeError: "
                     "module 'acme_policy_plugins' has no attribute 'DoesNotExist'")]
@@ -292,10 +259,11 @@ def test_invalid_image_references_are_refused(text: str) -> None:
 
 
 def test_allowlist_matches_hosts_and_whole_path_components(registry: plugins.Registry) -> None:
-    policy = compiled(registry, validations=[{"plugin": {"name": "image-references", "config": {
+    compiled = policy(registry=registry, validations=[{"plugin": {"name": "image-references", "config": {
         "allowedRegistries": ["docker.io/library", "registry.acme.com:8443"]}}}])
-    assert decide(policy, pod("nginx", "registry.acme.com:8443/x")).allowed
-    denied = decide(policy, pod("registry.acme.com/x", "docker.io/libraryx/y", "registry.acme.com.evil:8443/x"))
+    assert decide(compiled, pod(images=["nginx", "registry.acme.com:8443/x"])).allowed
+    denied = decide(compiled, pod(images=["registry.acme.com/x", "docker.io/libraryx/y",
+                                          "registry.acme.com.evil:8443/x"]))
     assert denied.message.count("is not from an allowed registry") == 3
 
 
@@ -391,7 +359,7 @@ def test_stale_refreshed_data_is_an_evaluation_error_naming_the_plugin(registry:
     plugin = AllowedByRefreshed()
     plugin.allowed.start = lambda: None   # type: ignore[method-assign]  # never fetched
     extended = plugins.Registry({**registry.plugins, plugin.name: plugin}, {**registry.sources, plugin.name: "test"})
-    decision = decide(compiled(extended, validations=[{"plugin": {"name": plugin.name}}]), pod("nginx"))
+    decision = decide(policy(registry=extended, validations=[{"plugin": {"name": plugin.name}}]), pod())
     assert not decision.allowed
     assert "plugin 'refreshed-allowlist' raised StaleData: " in decision.message
     assert "is not fetched yet" in decision.message

@@ -10,50 +10,20 @@ import pytest
 
 from admission_policy import api
 from admission_policy.api import PolicyError, parse_policy
-from admission_policy.cli.requests import build_review
-from admission_policy.engine import PolicySet, compile_policy, evaluate, parse_review
+from admission_policy.cluster.routing import routes
+from admission_policy.engine import PolicySet, evaluate
 from admission_policy.engine.podcontrollers import CONTROLLERS, pod_view
-from admission_policy.operator import conditions, registration
+from admission_policy.operator import conditions
+from builders import POD_RULE, container, decide, deployment, object_request, policy, policy_body
 
-POD_RULE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE", "UPDATE"]}
 NO_PRIVILEGED = {"expression": "object.spec.containers.all(c, !c.?securityContext.?privileged.orValue(false))",
                  "message": "privileged containers are not allowed"}
-
-
-def body(name: str = "p", *, rules: list[dict[str, Any]] | None = None, **spec: Any) -> dict[str, Any]:
-    match = spec.pop("match", {})
-    return {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name},
-            "spec": {"match": {"resources": rules or [POD_RULE], **match}, **spec}}
-
-
-def policy(name: str = "p", **spec: Any) -> Any:
-    return compile_policy(parse_policy(body(name, **spec)))
-
-
-def container(privileged: bool = False, image: str = "nginx") -> dict[str, Any]:
-    found: dict[str, Any] = {"name": "app", "image": image}
-    if privileged:
-        found["securityContext"] = {"privileged": True}
-    return found
-
-
-def deployment(name: str = "web", *, privileged: bool = False, replicas: int = 1,
-               labels: dict[str, str] | None = None, image: str = "nginx") -> dict[str, Any]:
-    return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": name, "namespace": "default", "labels": {"owner": "me"}},
-            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-                     "template": {"metadata": {"labels": labels or {"app": name}},
-                                  "spec": {"containers": [container(privileged, image)]}}}}
 
 
 def cronjob(name: str = "nightly", *, privileged: bool = False) -> dict[str, Any]:
     return {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": name, "namespace": "default"},
             "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": {
-                "spec": {"restartPolicy": "Never", "containers": [container(privileged)]}}}}}}
-
-
-def decide(policies: list[Any], obj: dict[str, Any], operation: str = "CREATE", old: Any = None) -> Any:
-    return evaluate(PolicySet(policies), parse_review(build_review(operation=operation, obj=obj, old=old)))
+                "spec": {"restartPolicy": "Never", "containers": [container("app", privileged=privileged)]}}}}}}
 
 
 # --- compile time ----------------------------------------------------------------------------------
@@ -98,7 +68,7 @@ def test_pod_controllers_narrows_and_opts_out() -> None:
 ])
 def test_pod_controllers_errors_name_the_field(value: Any, path: str, fragment: str) -> None:
     with pytest.raises(PolicyError) as error:
-        parse_policy(body(validations=[NO_PRIVILEGED], podControllers=value))
+        parse_policy(policy_body(validations=[NO_PRIVILEGED], podControllers=value))
     assert error.value.path == path and fragment in error.value.message
 
 
@@ -130,7 +100,7 @@ def test_expressions_reading_status_are_not_applied_and_status_says_why() -> Non
     assert [v.spec.expression.path for v in derived.validations] == [
         "spec.validations[0].expression", "spec.validations[3].expression"]
     failed = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", "namespace": "default"},
-              "spec": {"containers": [container()]}, "status": {"phase": "Failed"}}
+              "spec": {"containers": [container("app")]}, "status": {"phase": "Failed"}}
     assert decide([compiled], failed).allowed is False   # the Pod itself still gets every validation
     assert decide([compiled], deployment()).allowed is True
 
@@ -190,7 +160,7 @@ def test_an_old_cronjob_passing_the_policy_is_judged_and_allowed() -> None:
     resources = {"requests": {"memory": "1000m"}, "limits": {"memory": "1000m"}}
     old["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["resources"] = resources
     compiled = policy("memory", validations=[equal])
-    review = parse_review(build_review(operation="CREATE", obj=old))
+    review = object_request(old)
     assert [p.name for p in PolicySet([compiled]).candidates(review)] == ["memory"]
     assert decide([compiled], old).allowed is True
     resources["limits"]["memory"] = "2000m"
@@ -223,18 +193,18 @@ def test_an_update_that_keeps_the_template_is_not_judged() -> None:
     compiled = policy(validations=[NO_PRIVILEGED])
     old = deployment("web", privileged=True)
     scaled = deployment("web", privileged=True, replicas=5)
-    assert decide([compiled], scaled, "UPDATE", old).allowed is True
+    assert decide([compiled], object_request(scaled, operation="UPDATE", old=old)).allowed is True
     relabelled = copy.deepcopy(old)
-    relabelled["metadata"]["labels"]["team"] = "x"
-    assert decide([compiled], relabelled, "UPDATE", old).allowed is True
+    relabelled["metadata"]["labels"] = {"team": "x"}
+    assert decide([compiled], object_request(relabelled, operation="UPDATE", old=old)).allowed is True
     new_image = deployment("web", privileged=True, image="nginx:2")
-    assert decide([compiled], new_image, "UPDATE", old).allowed is False
+    assert decide([compiled], object_request(new_image, operation="UPDATE", old=old)).allowed is False
 
 
 def test_old_object_is_the_old_template() -> None:
     same_image = "oldObject.spec.containers[0].image == object.spec.containers[0].image"
     compiled = policy(validations=[{"expression": f"oldObject == null || {same_image}", "message": "image changed"}])
-    decision = decide([compiled], deployment(image="b"), "UPDATE", deployment(image="a"))
+    decision = decide([compiled], object_request(deployment(image="b"), operation="UPDATE", old=deployment(image="a")))
     assert decision.allowed is False and "image changed" in decision.message
 
 
@@ -291,13 +261,13 @@ def test_mutations_with_no_place_in_a_template_are_not_applied() -> None:
 
 def test_webhooks_route_controllers_only_while_a_pod_policy_needs_them() -> None:
     pod_policy = policy(validations=[NO_PRIVILEGED])
-    resources = {r for route in registration.routes(pod_policy) for r in route.resources}
+    resources = {r for route in routes(pod_policy) for r in route.resources}
     assert {"pods", "deployments", "cronjobs", "replicationcontrollers"} <= resources
     # A cluster not serving a workload kind is nothing the policy's author has to fix (not Degraded).
-    assert {r for route in registration.routes(pod_policy, derived=False) for r in route.resources} == {"pods"}
+    assert {r for route in routes(pod_policy, derived=False) for r in route.resources} == {"pods"}
     opted_out = policy(validations=[NO_PRIVILEGED], podControllers=[])
-    assert {r for route in registration.routes(opted_out) for r in route.resources} == {"pods"}
-    mutating = {route.mutating for route in registration.routes(policy(mutations=[
+    assert {r for route in routes(opted_out) for r in route.resources} == {"pods"}
+    mutating = {route.mutating for route in routes(policy(mutations=[
         {"name": "m", "jsonPatch": [{"op": "add", "path": "/spec/priority", "value": 1}]}]))}
     assert mutating == {True}
 
@@ -306,7 +276,7 @@ def test_policy_set_replace_and_remove_take_the_derived_policies_along() -> None
     first = policy("a", validations=[NO_PRIVILEGED])
     policies = PolicySet([first])
     updated = policies.replace(policy("a", validations=[{"expression": "true"}]))
-    review = parse_review(build_review(operation="CREATE", obj=deployment(privileged=True)))
+    review = object_request(deployment(privileged=True))
     assert evaluate(policies, review).allowed is False
     assert evaluate(updated, review).allowed is True
     assert evaluate(policies.remove("a"), review).allowed is True

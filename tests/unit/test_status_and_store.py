@@ -9,6 +9,7 @@ import pytest
 from admission_policy.operator import conditions
 from admission_policy.operator.conditions import Condition, Observation
 from admission_policy.operator.store import FINALIZER, PolicyStore
+from builders import CREATE_POD_RULE, policy_body
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 T1 = T0 + datetime.timedelta(minutes=5)
@@ -58,15 +59,15 @@ def test_terminating_keeps_the_other_conditions() -> None:
 
 def body(name: str, generation: int, expression: str = "true", finalizer: bool = True,
          deleting: bool = False) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name, "generation": generation, "uid": f"uid-{name}"}
+    """A policy as the store reads it from the cluster: a uid, a generation, our finalizer (unless
+    ``finalizer`` is False: not added yet)."""
+    metadata: dict[str, Any] = {"generation": generation, "uid": f"uid-{name}"}
     if finalizer:
         metadata["finalizers"] = [FINALIZER]
     if deleting:
         metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    return {"apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy", "metadata": metadata,
-            "spec": {"match": {"resources": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
-                                              "operations": ["CREATE"]}]},
-                     "validations": [{"expression": expression}]}}
+    return policy_body(name, rules=[CREATE_POD_RULE], metadata=metadata,
+                       validations=[{"expression": expression}])
 
 
 def test_a_policy_is_enforced_only_once_the_finalizer_is_on() -> None:
@@ -150,7 +151,7 @@ async def test_a_lost_registration_unroutes_everything_until_the_next_write() ->
 
 def test_only_the_first_live_peer_reconciles() -> None:
     """The rule by which Kopf pauses replicas, read from the ClusterKopfPeering's status."""
-    from admission_policy.operator.kube import first_in_peering
+    from admission_policy.operator.peering import first_in_peering
 
     def peer(priority: int, seen: datetime.datetime, lifetime: int = 60) -> dict[str, Any]:
         return {"priority": priority, "lifetime": lifetime, "lastseen": seen.isoformat()}

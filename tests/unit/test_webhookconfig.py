@@ -6,21 +6,18 @@ from typing import Any
 
 import pytest
 
-from admission_policy.operator.settings import OperatorSettings
+from admission_policy.cluster.discovery import DiscoveredResource
+from admission_policy.cluster.routing import NEVER_ROUTED, RouteRule, never_judged, unserved_resources
+from admission_policy.operator.config import OperatorConfig
 from admission_policy.operator.webhookconfig import (
-    NEVER_ROUTED,
-    DiscoveredResource,
-    RouteRule,
     build_mutating_configuration,
     build_validating_configuration,
     holds,
-    never_judged,
-    unserved_resources,
 )
 
 CA = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 CA_B64 = base64.b64encode(CA.encode()).decode()
-SETTINGS = OperatorSettings(exempt_namespaces=("kube-system", "cert-manager"))
+SETTINGS = OperatorConfig(exempt_namespaces=("kube-system", "cert-manager"))
 
 DISCOVERED = (
     DiscoveredResource("", "v1", "pods", ("status", "exec", "log", "eviction")),
@@ -57,11 +54,11 @@ def route(
     return RouteRule(groups, versions, resources, operations, failure_policy, mutating)
 
 
-def validating(*routes: RouteRule, settings: OperatorSettings = SETTINGS) -> dict[str, Any]:
+def validating(*routes: RouteRule, settings: OperatorConfig = SETTINGS) -> dict[str, Any]:
     return build_validating_configuration(settings, CA, routes, DISCOVERED)
 
 
-def mutating(*routes: RouteRule, settings: OperatorSettings = SETTINGS) -> dict[str, Any]:
+def mutating(*routes: RouteRule, settings: OperatorConfig = SETTINGS) -> dict[str, Any]:
     return build_mutating_configuration(settings, CA, routes, DISCOVERED)
 
 
@@ -359,7 +356,7 @@ def test_explicit_never_routed_resources_are_dropped(group: str, resource: str) 
 
 
 def test_url_client_config_for_local_development() -> None:
-    settings = OperatorSettings(advertise_host="host.docker.internal", listen_port=9443)
+    settings = OperatorConfig(advertise_host="host.docker.internal", listen_port=9443)
     config = validating(route(), settings=settings)
     assert [w["clientConfig"] for w in config["webhooks"]] == [
         {"url": "https://host.docker.internal:9443/validate-policy", "caBundle": CA_B64},
@@ -372,12 +369,12 @@ def test_url_client_config_for_local_development() -> None:
 
 
 def test_ipv6_url_host_is_bracketed() -> None:
-    config = validating(settings=OperatorSettings(advertise_host="fd00::1"))
+    config = validating(settings=OperatorConfig(advertise_host="fd00::1"))
     assert config["webhooks"][0]["clientConfig"]["url"] == "https://[fd00::1]:9443/validate-policy"
 
 
 def test_service_client_config_and_timeout_follow_settings() -> None:
-    settings = OperatorSettings(namespace="ops", service_name="ap", service_port=8443, webhook_timeout=12)
+    settings = OperatorConfig(namespace="ops", service_name="ap", service_port=8443, webhook_timeout=12)
     hook = webhook(validating(route(), settings=settings), "fail.validate.policy-operator.dev")
     assert hook["clientConfig"]["service"] == {"namespace": "ops", "name": "ap", "port": 8443, "path": "/validate"}
     assert hook["timeoutSeconds"] == 12

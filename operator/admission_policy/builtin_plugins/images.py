@@ -51,12 +51,14 @@ _IMAGE_ID = re.compile(r"[0-9a-f]{64}")
 CONTAINER_FIELDS: Final = ("initContainers", "containers", "ephemeralContainers")
 
 
-class ReferenceError_(ValueError):
-    pass
+class ImageReferenceError(ValueError):
+    """Text the runtime would not read as an image reference; the message says why."""
 
 
 @dataclasses.dataclass(frozen=True)
 class ImageReference:
+    """An image as the runtime pulls it, normalised (``nginx`` is ``docker.io/library/nginx``),
+    so that checks compare what is pulled, not how it was spelt; ``str()`` is the full form."""
     registry: str
     repository: str
     tag: str | None
@@ -77,11 +79,11 @@ class ImageReference:
 def parse_reference(text: str) -> ImageReference:
     """Parse and normalise an image reference; ValueError (saying what is wrong) when it is not one."""
     if not text or text != text.strip():
-        raise ReferenceError_("is empty or has surrounding spaces")
+        raise ImageReferenceError("is empty or has surrounding spaces")
     if len(text) > TEXT_MAX:
-        raise ReferenceError_(f"is longer than {TEXT_MAX} characters")
+        raise ImageReferenceError(f"is longer than {TEXT_MAX} characters")
     if _IMAGE_ID.fullmatch(text):
-        raise ReferenceError_("is 64 hex digits: an image ID, not a name the runtime pulls")
+        raise ImageReferenceError("is 64 hex digits: an image ID, not a name the runtime pulls")
     rest, digest = text, None
     if "@" in rest:
         rest, digest = rest.split("@", 1)
@@ -91,27 +93,27 @@ def parse_reference(text: str) -> ImageReference:
     if colon > slash:   # a ':' after the last '/' starts the tag; one before it is a registry's port
         rest, tag = rest[:colon], rest[colon + 1:]
         if not _TAG.fullmatch(tag):
-            raise ReferenceError_(f"has an invalid tag {tag!r} (ASCII letters, digits, '_', '.', '-'; "
-                                  f"at most 128, not starting with '.' or '-')")
+            raise ImageReferenceError(f"has an invalid tag {tag!r} (ASCII letters, digits, '_', '.', '-'; "
+                                      f"at most 128, not starting with '.' or '-')")
     registry, path = _split_registry(rest)
     if not _PATH.fullmatch(path):
-        raise ReferenceError_(f"has an invalid repository {path!r} (lowercase letters, digits and separators)")
+        raise ImageReferenceError(f"has an invalid repository {path!r} (lowercase letters, digits and separators)")
     reference = ImageReference(registry, _official(registry, path), tag, digest)
     if len(reference.name) > NAME_MAX:
-        raise ReferenceError_(f"has a name of {len(reference.name)} characters (at most {NAME_MAX})")
+        raise ImageReferenceError(f"has a name of {len(reference.name)} characters (at most {NAME_MAX})")
     return reference
 
 
 def _check_digest(digest: str) -> None:
     if not _DIGEST.fullmatch(digest):
-        raise ReferenceError_(f"has an invalid digest {digest!r}")
+        raise ImageReferenceError(f"has an invalid digest {digest!r}")
     algorithm, encoded = digest.split(":", 1)
     digits = DIGEST_HEX_DIGITS.get(algorithm)
     if digits is None:
-        raise ReferenceError_(f"has a digest of an unknown algorithm {algorithm!r} "
-                              f"(known: {', '.join(DIGEST_HEX_DIGITS)})")
+        raise ImageReferenceError(f"has a digest of an unknown algorithm {algorithm!r} "
+                                  f"(known: {', '.join(DIGEST_HEX_DIGITS)})")
     if len(encoded) != digits or not _LOWER_HEX.fullmatch(encoded):
-        raise ReferenceError_(f"has an invalid {algorithm} digest (it is {digits} lowercase hex digits)")
+        raise ImageReferenceError(f"has an invalid {algorithm} digest (it is {digits} lowercase hex digits)")
 
 
 def _names_registry(first: str) -> bool:
@@ -127,7 +129,7 @@ def _split_registry(name: str) -> tuple[str, str]:
     if not sep or not _names_registry(first):
         return DEFAULT_REGISTRY, name
     if not _DOMAIN.fullmatch(first):
-        raise ReferenceError_(f"has an invalid registry host {first!r}")
+        raise ImageReferenceError(f"has an invalid registry host {first!r}")
     registry = first.lower()
     return (DEFAULT_REGISTRY if registry == LEGACY_DEFAULT_REGISTRY else registry), rest
 
@@ -144,6 +146,7 @@ class Allowed:
     prefix: str
 
     def matches(self, ref: ImageReference) -> bool:
+        """By whole path components: ``acme`` covers ``acme/app``, not ``acme-evil/app``."""
         if ref.registry != self.registry:
             return False
         return not self.prefix or ref.repository == self.prefix or ref.repository.startswith(self.prefix + "/")
@@ -154,6 +157,8 @@ class Allowed:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
+    """The config as ``configure`` prepares it, once per policy generation: the allowlist is
+    parsed there, not on each request."""
     require_digest: bool
     allowed: tuple[Allowed, ...] | None
     exempt_unchanged: bool
@@ -172,7 +177,7 @@ def _allowed_entry(text: str) -> Allowed:
                          f"docker.io/{text}/ namespace")
     try:
         registry, path = _split_registry(name if "/" in name else f"{name}/")
-    except ReferenceError_ as exc:
+    except ImageReferenceError as exc:
         raise ValueError(f"{text!r} {exc}") from None
     if registry == DEFAULT_REGISTRY and path and "/" not in path and path != OFFICIAL_NAMESPACE and not namespace:
         raise ValueError(f"{text!r} could be read two ways: write docker.io/library/{path} for the official "
@@ -203,6 +208,8 @@ def images(body: Any) -> Iterator[tuple[str, str]]:
 
 
 class ImageReferences(ValidatorPlugin):
+    """Shipped with the operator and registered as anyone's plugin is (an entry point in
+    pyproject.toml); what it checks and why is the module's docstring."""
     name: ClassVar[str] = "image-references"
     version: ClassVar[str] = "1.1.0"
     description: ClassVar[str] = ("Parses and normalises container images; requires digests and/or an allowlist of "

@@ -97,6 +97,8 @@ def _key_match(body: Mapping[str, Any], certificate: x509.Certificate) -> list[F
 
 
 class TLSSecrets(ValidatorPlugin):
+    """Shipped with the operator and registered as anyone's plugin is (an entry point in
+    pyproject.toml). Its gate is named explicitly: the derived name would be TlsSecretsPlugin."""
     name: ClassVar[str] = "tls-secrets"
     version: ClassVar[str] = "1.1.0"
     description: ClassVar[str] = ("kubernetes.io/tls Secrets must hold parseable certificates, each valid now, the "

@@ -26,6 +26,7 @@ def libraries() -> tuple[Library, ...]:
 
 
 def functions() -> list[Function]:
+    """Every function of every library, for the fullest CEL environment (``cel``'s last tier)."""
     return [declared for library in libraries() for declared in library.functions]
 
 

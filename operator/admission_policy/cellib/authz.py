@@ -61,6 +61,8 @@ def _with(value: Any, result: Any, **changes: str) -> Any:
 
 
 def authorizer_of(subject: Subject) -> Any:
+    """CEL's ``authorizer`` acting as ``subject``: its checks are asked of the evaluation's
+    ``Authorization``, never of the API server directly."""
     return AUTHORIZER.of(_state(subject.to_json()))
 
 

@@ -72,10 +72,12 @@ def _subdomain(value: str, unit: str) -> list[str]:
 
 
 def is_dns1123_subdomain(value: str) -> list[str]:
+    """apimachinery's ``IsDNS1123Subdomain``: its messages, word for word (empty: valid)."""
     return _subdomain(value, "characters")
 
 
 def is_dns1123_label(value: str) -> list[str]:
+    """apimachinery's ``IsDNS1123Label``, with its special message for a subdomain's dots."""
     errors = [_too_long(63, "characters")] if _byte_length(value) > 63 else []
     if not _matches(_DNS1123_LABEL, value):
         if _matches(_DNS1123_SUBDOMAIN, value):   # a valid subdomain, and the length was checked: dots
@@ -88,6 +90,7 @@ def is_dns1123_label(value: str) -> list[str]:
 
 
 def is_dns1035_label(value: str) -> list[str]:
+    """apimachinery's ``IsDNS1035Label``: a label that starts with a letter (Service names)."""
     errors = [_too_long(63, "characters")] if _byte_length(value) > 63 else []
     if not _matches(_DNS1035_LABEL, value):
         errors.append(_regex_error(
@@ -118,6 +121,7 @@ def is_qualified_name(value: str) -> list[str]:
 
 
 def is_label_value(value: str) -> list[str]:
+    """apimachinery's ``IsValidLabelValue``: at most 63 bytes, and empty is valid."""
     errors = [_too_long(63, "bytes")] if _byte_length(value) > 63 else []
     if not _matches(_LABEL_VALUE, value):
         errors.append(_regex_error(

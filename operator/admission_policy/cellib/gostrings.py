@@ -148,12 +148,14 @@ def _out_of_range(index: int) -> ValueError:
 
 
 def char_at(text: str, index: int) -> str:
+    """``charAt``: the index may be the length (giving ""), as in cel-go; past it is an error."""
     if index < 0 or index > len(text):
         raise _out_of_range(index)
     return text[index:index + 1]
 
 
 def index_of(text: str, sub: str, offset: int) -> int:
+    """``indexOf``: an empty ``sub`` is found at ``offset`` (unchecked), as in cel-go."""
     if not sub:
         return offset
     if offset < 0:
@@ -162,6 +164,7 @@ def index_of(text: str, sub: str, offset: int) -> int:
 
 
 def last_index_of(text: str, sub: str, offset: int) -> int:
+    """``lastIndexOf``: the last ``sub`` starting at or before ``offset``; empty: ``offset``."""
     if not sub:
         return offset
     if offset < 0:
@@ -172,6 +175,7 @@ def last_index_of(text: str, sub: str, offset: int) -> int:
 
 
 def substring(text: str, start: int, end: int | None = None) -> str:
+    """``substring``: an error, with cel-go's message, for a range Python would quietly clip."""
     if end is not None and start > end:
         raise ValueError(f"invalid substring range. start: {start}, end: {end}")
     for index in (start, end):

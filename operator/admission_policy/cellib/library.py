@@ -32,6 +32,7 @@ class Overload:
 
 @dataclasses.dataclass(frozen=True)
 class Function:
+    """A CEL function as the environment declares it: one name, the overloads it accepts."""
     name: str
     overloads: tuple[Overload, ...]
 
@@ -56,10 +57,12 @@ class Library:
 
 def overload(overload_id: str, result: cel.Type, params: Sequence[cel.Type], impl: Callable[..., Any], *,
              member: bool = False) -> Overload:
+    """An Overload, as the libraries' tables write it (parameters as any sequence)."""
     return Overload(overload_id, result, tuple(params), impl, member)
 
 
 def function(name: str, *overloads: Overload) -> Function:
+    """A Function, as the libraries' tables write it."""
     return Function(name, overloads)
 
 

@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from cel_expr_python import cel
 
+from ..errors import AdmissionPolicyError
 from .gostrings import quote
 from .library import Function, Library, accepts, function, overload
 from .types import opaque
@@ -95,12 +96,15 @@ class Prefix:
     length: int
 
     def text(self) -> str:
+        """Go's ``Prefix.String()``: the host bits as given (``10.0.0.1/8`` stays so)."""
         return f"{self.address.text()}/{self.length}"
 
     def masked(self) -> Prefix:
+        """Go's ``Prefix.Masked()``: the host bits cleared (``10.0.0.0/8``)."""
         return Prefix(dataclasses.replace(self.address, value=self.address.top(self.length)), self.length)
 
     def contains(self, address: Address) -> bool:
+        """Go's ``Prefix.Contains``: never across families (an IPv4 address is in no IPv6 prefix)."""
         return address.bits == self.address.bits and address.top(self.length) == self.address.top(self.length)
 
     def contains_prefix(self, other: Prefix) -> bool:
@@ -124,7 +128,7 @@ def _longest_zero_run(groups: list[int]) -> tuple[int, int]:
 
 # --- netip's parsing, with its error texts --------------------------------------------------
 
-class NetipError(ValueError):
+class NetipError(AdmissionPolicyError, ValueError):
     """A string netip refuses; the message is Go's error text."""
 
 

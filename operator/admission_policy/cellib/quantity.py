@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from cel_expr_python import cel
 
+from ..errors import AdmissionPolicyError
 from .library import Function, Library, accepts, function, overload
 from .types import opaque
 
@@ -67,7 +68,7 @@ _ROUNDING: Final = decimal.Context(prec=decimal.MAX_PREC, Emax=decimal.MAX_EMAX,
                                    rounding=decimal.ROUND_UP, traps=[decimal.InvalidOperation])
 
 
-class QuantityError(ValueError):
+class QuantityError(AdmissionPolicyError, ValueError):
     """Not a quantity; the message is Kubernetes' own."""
 
 
@@ -201,10 +202,12 @@ def _decode(state: str) -> Decimal:
 
 
 def value_of(quantity: Any) -> Decimal:
+    """The exact value a CEL ``kubernetes.Quantity`` holds (its state is its canonical text)."""
     return _decode(QUANTITY.state(quantity))
 
 
 def of(value: Decimal) -> Any:
+    """A CEL ``kubernetes.Quantity`` of ``value``, in canonical form, so equal values are equal states."""
     return QUANTITY.of(canonical(value))
 
 

@@ -28,6 +28,7 @@ import re2
 from cel_expr_python import cel
 
 from .. import celast
+from ..errors import AdmissionPolicyError
 from .library import Library, function, overload
 
 # --- Go's parser -------------------------------------------------------------------------------
@@ -79,7 +80,7 @@ _SCRIPTS: Final = frozenset(_SCRIPT_NAMES_TEXT.split())
 _ASSIGNED: Final = r"\p{C}\p{L}\p{M}\p{N}\p{P}\p{S}\p{Z}"
 
 
-class RegexError(ValueError):
+class RegexError(AdmissionPolicyError, ValueError):
     """A pattern Go's ``regexp.Compile`` refuses; the message is Go's."""
 
     def __init__(self, code: str, expr: str) -> None:

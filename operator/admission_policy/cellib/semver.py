@@ -35,6 +35,7 @@ class Version:
     prerelease: tuple[int | str, ...] = ()   # numeric identifiers as ints: they compare as numbers
 
     def text(self) -> str:
+        """blang/semver's ``String()``: the state a ``kubernetes.Semver`` value holds, which ``parse`` reads back."""
         core = f"{self.major}.{self.minor}.{self.patch}"
         return core + ("-" + ".".join(str(part) for part in self.prerelease) if self.prerelease else "")
 

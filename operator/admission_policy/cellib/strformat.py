@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from ..errors import AdmissionPolicyError
 from . import gostrings
 
 _SCIENTIFIC_TIMES: Final = "\u202f\u00d7\u202f10"   # x/text's en-US: narrow spaces around a times sign
@@ -26,7 +27,7 @@ _SPECIAL_DOUBLES: Final = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -
 _STRING_TYPES: Final = "strings, bools, bytes, ints, doubles, maps, lists, types, durations, and timestamps"
 
 
-class FormatError(ValueError):
+class FormatError(AdmissionPolicyError, ValueError):
     """A format that cannot be applied; ``argument``: the index of the argument at fault, if one is."""
 
     def __init__(self, message: str, argument: int | None = None) -> None:

@@ -47,10 +47,12 @@ class Opaque:
         return self.message(state=state)
 
     def is_value(self, value: Any) -> bool:
+        """Whether a value from CEL is of this type (a ``dyn`` argument may be anything)."""
         return isinstance(value, self.message)
 
     @staticmethod
     def state(value: Any) -> str:
+        """The canonical text a value was built from (``of``), for the library to decode."""
         return str(value.state)
 
 

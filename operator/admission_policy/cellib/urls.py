@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from cel_expr_python import cel
 
+from ..errors import AdmissionPolicyError
 from .gostrings import quote
 from .library import Library, accepts, function, overload
 from .net import NetipError, parse_addr
@@ -42,7 +43,7 @@ class _Mode(enum.Enum):
     FRAGMENT = enum.auto()
 
 
-class UrlError(ValueError):
+class UrlError(AdmissionPolicyError, ValueError):
     """A string Go's parser refuses; the message is Go's error text."""
 
 
@@ -149,6 +150,7 @@ class GoUrl:
     raw_fragment: bytes = b""
 
     def escaped_path(self) -> bytes:
+        """Go's ``URL.EscapedPath()``: the path as it was written when that is a valid spelling of it."""
         if _spells(self.raw_path, self.path, _Mode.PATH):
             return self.raw_path
         if self.path == b"*":
@@ -156,6 +158,7 @@ class GoUrl:
         return _escape(self.path, _Mode.PATH)
 
     def escaped_fragment(self) -> bytes:
+        """Go's ``URL.EscapedFragment()``: likewise for the fragment."""
         if _spells(self.raw_fragment, self.fragment, _Mode.FRAGMENT):
             return self.raw_fragment
         return _escape(self.fragment, _Mode.FRAGMENT)

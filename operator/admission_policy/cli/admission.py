@@ -45,7 +45,7 @@ def admit(policies: PolicySet, request: AdmissionRequest, namespace: Mapping[str
           inputs: Inputs | None = None, authorization: Authorization | None = None) -> Admission:
     """Mutate, then validate, as the API server does; a generateName gets its name in between.
     ``inputs``: the params and context objects given in files; ``authorization``: the declared
-    answers to authorizer checks (a check none covers is an InputError naming it)."""
+    answers to authorizer checks (a check none covers is a DocumentError naming it)."""
     if not _generates_name(request.object, request):
         return Admission(answered(evaluate(policies, request, namespace, Phase.ALL, inputs=inputs,
                                            authorization=authorization)), "")

@@ -20,9 +20,9 @@ from .. import api, reports
 from ..authorization import Authorization, Unanswered
 from ..engine import CompiledPolicy, Inputs, PolicySet
 from ..engine.background import FAIL, PASS, AuditResult, Resource, audit_object, audits, background_request
-from ..operator.settings import OperatorSettings
+from ..operator.config import OperatorConfig
 from .authorizer import HINT
-from .documents import InputError, documents_in, kubernetes_objects
+from .documents import DocumentError, documents_in, kubernetes_objects
 from .requests import is_namespaced, namespace_object, resource_of
 from .suite import is_suite
 
@@ -67,7 +67,7 @@ class AuditRun:
             results = audit_object(self.policies, background_request(target.body, target.resource), namespace,
                                    self.inputs, self.authorization)
         except Unanswered as exc:
-            raise InputError(f"{target.source}: {exc}: {HINT}") from None
+            raise DocumentError(f"{target.source}: {exc}: {HINT}") from None
         for result in results:
             self._record(result, ref)
 
@@ -105,7 +105,7 @@ def _target(source: str, body: dict[str, Any]) -> Target:
     namespaced = is_namespaced(kind)
     metadata = body.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
-        raise InputError(f"{source}: metadata must be a mapping")
+        raise DocumentError(f"{source}: metadata must be a mapping")
     if namespaced and not (metadata or {}).get("namespace"):   # as kubectl applies it: to the default namespace
         body = {**body, "metadata": {**(metadata or {}), "namespace": DEFAULT_NAMESPACE}}
     return Target(source, body, Resource(gvr["group"], gvr["version"], gvr["resource"], kind, namespaced))
@@ -130,14 +130,14 @@ def audit_manifests(policies: list[CompiledPolicy], paths: Iterable[str], now: i
 
 
 async def audit_cluster(policies: list[CompiledPolicy], kubeconfig: str | None, now: int,
-                        settings: OperatorSettings, progress: ProgressFn, inputs: Inputs | None = None,
+                        settings: OperatorConfig, progress: ProgressFn, inputs: Inputs | None = None,
                         authorization: Authorization | None = None) -> AuditRun:
     """List what the policies' rules name in a live cluster, page by page as the operator does,
     and judge it here: nothing is written to the cluster."""
-    from ..operator.audit import ListingError, display, list_objects
-    from ..operator.kube import Discovery, call_json, message_of, new_api_client
-    from ..operator.registration import routes
-    from ..operator.webhookconfig import listable_resources
+    from ..cluster.client import call_json, message_of, new_api_client
+    from ..cluster.discovery import Discovery
+    from ..cluster.listing import ListingError, display, list_objects
+    from ..cluster.routing import listable_resources, routes
 
     run = AuditRun(PolicySet(policies), now, inputs, authorization)
     api_client = await new_api_client(kubeconfig)
@@ -145,7 +145,7 @@ async def audit_cluster(policies: list[CompiledPolicy], kubeconfig: str | None, 
         discovered = await Discovery(api_client).resources()
         status, listing = await call_json(api_client, "GET", "/api/v1/namespaces")
         if status != 200:
-            raise InputError(f"cannot list the cluster's namespaces: {status} {message_of(listing)}".strip())
+            raise DocumentError(f"cannot list the cluster's namespaces: {status} {message_of(listing)}".strip())
         namespaces = {str(item["metadata"]["name"]): item for item in listing.get("items") or []}
         targets = {(t.group, t.resource): t for policy in policies if audits(policy)
                    for t in listable_resources(routes(policy), discovered)}

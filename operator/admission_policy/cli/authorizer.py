@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from ..authorization import SERVICE_ACCOUNT_PREFIX, Answer, Check, Unanswered
 from ..engine import Decision
-from .documents import InputError, read_documents
+from .documents import DocumentError, read_documents
 
 # Answer field → the check's attribute it must equal.
 _RESOURCE_FIELDS: Final = {"group": "group", "resource": "resource", "subresource": "subresource",
@@ -59,7 +59,7 @@ class DeclaredAnswers:
 def parse_answers(items: Any, where: str, base: Path | None = None) -> DeclaredAnswers:
     """A list of answers; with ``base``, an item may also be a file of them (relative to it)."""
     if not isinstance(items, list):
-        raise InputError(f"{where} must be a list of authorizer answers" + (" or files" if base else ""))
+        raise DocumentError(f"{where} must be a list of authorizer answers" + (" or files" if base else ""))
     found: list[DeclaredAnswer] = []
     for index, item in enumerate(items):
         if isinstance(item, str) and base is not None:
@@ -84,18 +84,18 @@ def combined(answers: Iterable[DeclaredAnswers]) -> DeclaredAnswers:
 
 def parse_answer(item: Any, where: str) -> DeclaredAnswer:
     if not isinstance(item, Mapping):
-        raise InputError(f"{where}: an authorizer answer must be an object (user, verb, resource, …, allowed)")
+        raise DocumentError(f"{where}: an authorizer answer must be an object (user, verb, resource, …, allowed)")
     unknown = sorted(set(map(str, item)) - _FIELDS)
     if unknown:
-        raise InputError(f"{where}: unknown field {unknown[0]!r} in an authorizer answer "
-                         f"(allowed: {', '.join(sorted(_FIELDS))})")
+        raise DocumentError(f"{where}: unknown field {unknown[0]!r} in an authorizer answer "
+                            f"(allowed: {', '.join(sorted(_FIELDS))})")
     if not isinstance(item.get("allowed"), bool):
-        raise InputError(f"{where}.allowed is required (true or false)")
+        raise DocumentError(f"{where}.allowed is required (true or false)")
     for key, value in item.items():
         if key != "allowed" and not isinstance(value, str):
-            raise InputError(f"{where}.{key} must be a string")
+            raise DocumentError(f"{where}.{key} must be a string")
     if "user" in item and "serviceAccount" in item:
-        raise InputError(f"{where}: give user or serviceAccount, not both")
+        raise DocumentError(f"{where}: give user or serviceAccount, not both")
     required = [(attribute, item[key]) for key, attribute in (("verb", "verb"), ("path", "path"),
                                                               *_RESOURCE_FIELDS.items()) if key in item]
     if "user" in item:
@@ -103,11 +103,11 @@ def parse_answer(item: Any, where: str) -> DeclaredAnswer:
     if "serviceAccount" in item:
         namespace, slash, name = item["serviceAccount"].partition("/")
         if not slash or not namespace or not name or "/" in name:
-            raise InputError(f"{where}.serviceAccount must be namespace/name, got {item['serviceAccount']!r}")
+            raise DocumentError(f"{where}.serviceAccount must be namespace/name, got {item['serviceAccount']!r}")
         required.append(("user", f"{SERVICE_ACCOUNT_PREFIX}{namespace}:{name}"))
     resource = sorted(key for key in _RESOURCE_FIELDS if key in item)
     if "path" in item and resource:
-        raise InputError(f"{where}: path is for non-resource checks, {resource[0]} for resource checks: not both")
+        raise DocumentError(f"{where}: path is for non-resource checks, {resource[0]} for resource checks: not both")
     kind = "path" if "path" in item else "resource" if resource else ""
     answer = Answer(item["allowed"], item.get("reason", ""), item.get("error", ""))
     return DeclaredAnswer(where, tuple(required), kind, answer)
@@ -116,5 +116,5 @@ def parse_answer(item: Any, where: str) -> DeclaredAnswer:
 def answered(decision: Decision) -> Decision:
     """The decision, unless the evaluation stopped for checks no declared answer covers."""
     if decision.unanswered:
-        raise InputError(f"{Unanswered(decision.unanswered)}: {HINT}")
+        raise DocumentError(f"{Unanswered(decision.unanswered)}: {HINT}")
     return decision

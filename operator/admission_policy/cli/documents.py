@@ -13,14 +13,16 @@ import yaml
 
 from .. import api
 from ..engine import CompiledPolicy, PolicyCompileError
+from ..errors import AdmissionPolicyError
 from ..operator.store import load_policy
 
 SUFFIXES = (".yaml", ".yml", ".json")
 Found = tuple[str, dict[str, Any]]   # where an object was read ("file#2 items[0]"), and the object
 
 
-class InputError(Exception):
-    """Unusable input; the message names the file and the problem (exit code 2)."""
+class DocumentError(AdmissionPolicyError):
+    """Unusable input: a file, a flag's value, a suite's field. The message names where and what is
+    wrong; the CLI prints it and exits 2."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,21 +45,21 @@ def read_documents(path: Path | str, *, allow_empty: bool = True) -> list[Docume
     try:
         text = sys.stdin.read() if name == "-" else Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InputError(f"{name}: no such file") from None
+        raise DocumentError(f"{name}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{name}: cannot read: {exc}") from None
+        raise DocumentError(f"{name}: cannot read: {exc}") from None
     try:
         bodies = _parse(text)
     except RecursionError:
-        raise InputError(f"{name}: nested too deeply to read (YAML here goes about 200 levels deep, "
-                         "JSON about 1,000)") from None
+        raise DocumentError(f"{name}: nested too deeply to read (YAML here goes about 200 levels deep, "
+                            "JSON about 1,000)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(f"{name}{where}: not valid YAML or JSON: {problem}") from None
+        raise DocumentError(f"{name}{where}: not valid YAML or JSON: {problem}") from None
     if not bodies and not allow_empty:
-        raise InputError(f"{name}: the file is empty (no YAML or JSON document in it)")
+        raise DocumentError(f"{name}: the file is empty (no YAML or JSON document in it)")
     if len(bodies) == 1:
         return [Document(name, bodies[0])]
     return [Document(f"{name}#{i + 1}", body) for i, body in enumerate(bodies)]
@@ -88,13 +90,13 @@ def kubernetes_objects(document: Document) -> list[Found]:
     if isinstance(body, dict) and str(body.get("kind", "")).endswith("List") and "items" in body:
         items = body["items"]
         if not isinstance(items, list):
-            raise InputError(f"{document.source}: {body.get('kind')}.items must be a list")
+            raise DocumentError(f"{document.source}: {body.get('kind')}.items must be a list")
         found = [(f"{document.source} items[{index}]", item) for index, item in enumerate(items) if item is not None]
     else:
         found = [(document.source, body)]
     for source, item in found:
         if not isinstance(item, dict) or not item.get("kind") or not item.get("apiVersion"):
-            raise InputError(f"{source}: expected a Kubernetes object with apiVersion and kind")
+            raise DocumentError(f"{source}: expected a Kubernetes object with apiVersion and kind")
     return found
 
 
@@ -111,7 +113,7 @@ def walk(path: Path) -> Iterator[Path]:
     elif path.exists() or str(path) == "-":
         yield path
     else:
-        raise InputError(f"{path}: no such file or directory")
+        raise DocumentError(f"{path}: no such file or directory")
 
 
 def load_policies(paths: Iterable[Path | str], default_failure_policy: api.FailurePolicy = "Fail",
@@ -124,7 +126,7 @@ def load_policies(paths: Iterable[Path | str], default_failure_policy: api.Failu
                 continue
             policy = compile_document(document, default_failure_policy)
             if policy.name in policies:
-                raise InputError(duplicate_policy(document, policy.name, policies[policy.name][0]))
+                raise DocumentError(duplicate_policy(document, policy.name, policies[policy.name][0]))
             policies[policy.name] = (document.source, policy)
             # Evaluating goes on without the gated-off rules, as in the cluster; saying so keeps an
             # "allowed" from passing for a check that never ran.
@@ -144,7 +146,7 @@ def compile_document(document: Document, default_failure_policy: api.FailurePoli
     try:
         return load_policy(document.body, default_failure_policy)
     except (api.PolicyError, PolicyCompileError) as exc:
-        raise InputError("\n".join(_compile_error_lines(document, exc))) from None
+        raise DocumentError("\n".join(_compile_error_lines(document, exc))) from None
 
 
 def _compile_error_lines(document: Document, error: api.PolicyError | PolicyCompileError) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Any
 from .. import api
 from ..engine import CompiledPolicy, StaticInputs
 from ..engine.inputs import describe, is_of_kind
-from .documents import Found, InputError
+from .documents import DocumentError, Found
 from .requests import resource_of
 
 
@@ -38,16 +38,16 @@ def _check_param(kinds: set[api.ParamKind], source: str, body: Mapping[str, Any]
     if any(is_of_kind(body, kind) for kind in kinds):
         return
     read = f"they read {', '.join(sorted(map(str, kinds)))}" if kinds else "none sets spec.paramKind"
-    raise InputError(f"{source}: {describe(body)} ({body.get('apiVersion')}) is not the spec.paramKind of any "
-                     f"policy ({read})")
+    raise DocumentError(f"{source}: {describe(body)} ({body.get('apiVersion')}) is not the spec.paramKind of any "
+                        f"policy ({read})")
 
 
 def _entries(policies: list[CompiledPolicy], name: str, where: str) -> list[tuple[str, api.ContextEntry]]:
     entries = [(p.name, entry) for p in policies for entry in p.policy.context if entry.name == name]
     if not entries:
         declared = sorted({entry.name for p in policies for entry in p.policy.context})
-        raise InputError(f"{where}: no policy declares context {name!r} in spec.context "
-                         f"(declared: {', '.join(declared) or 'none'})")
+        raise DocumentError(f"{where}: no policy declares context {name!r} in spec.context "
+                            f"(declared: {', '.join(declared) or 'none'})")
     return entries
 
 
@@ -56,9 +56,9 @@ def _check_context_object(entries: list[tuple[str, api.ContextEntry]], name: str
     for policy, entry in entries:
         if not _is_of_source(body, entry.source):
             group = entry.source.group or "core"
-            raise InputError(f"{source}: {describe(body)} ({body.get('apiVersion')}) is not what context {name!r} of "
-                             f"AdmissionPolicy {policy!r} lists: {entry.source.resource} of API group {group} "
-                             f"({entry.path})")
+            raise DocumentError(f"{source}: {describe(body)} ({body.get('apiVersion')}) is not what context "
+                                f"{name!r} of AdmissionPolicy {policy!r} lists: {entry.source.resource} of API group "
+                                f"{group} ({entry.path})")
 
 
 def _is_of_source(body: Mapping[str, Any], source: api.ContextSource) -> bool:

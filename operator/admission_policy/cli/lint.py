@@ -16,7 +16,7 @@ from .. import api
 from ..vap.portability import Portability, portability
 from .documents import (
     Document,
-    InputError,
+    DocumentError,
     compile_document,
     duplicate_policy,
     gated_off_warnings,
@@ -53,13 +53,13 @@ def _lint_root(root: str, seen: dict[str, str]) -> list[LintResult]:
     in_directory = Path(root).is_dir()
     try:
         files = list(walk(Path(root)))
-    except InputError as exc:
+    except DocumentError as exc:
         return [LintResult(root, "", (str(exc),))]
     results: list[LintResult] = []
     for file in files:
         try:
             documents = read_documents(file, allow_empty=in_directory)
-        except InputError as exc:
+        except DocumentError as exc:
             results.append(LintResult(str(file), "", (str(exc),)))
             continue
         results.extend(_lint_document(document, seen) for document in documents if document.kind == api.KIND)
@@ -72,7 +72,7 @@ def _lint_document(document: Document, seen: dict[str, str]) -> LintResult:
     name = object_name(document.body)
     try:
         policy = compile_document(document)
-    except InputError as exc:
+    except DocumentError as exc:
         return LintResult(document.source, name, tuple(str(exc).splitlines()))
     if policy.name in seen:
         return LintResult(document.source, policy.name, (duplicate_policy(document, policy.name, seen[policy.name]),))

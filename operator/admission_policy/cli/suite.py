@@ -10,7 +10,7 @@ from .. import api
 from ..engine import Decision, PolicySet, ReviewError, StaticInputs, parse_review
 from .admission import admit
 from .authorizer import DeclaredAnswers, parse_answers
-from .documents import Document, Found, InputError, kubernetes_objects, load_policies, objects_in, read_documents
+from .documents import Document, DocumentError, Found, kubernetes_objects, load_policies, objects_in, read_documents
 from .inputs import checked_inputs
 from .report import yaml_diff
 from .requests import build_review, namespace_object
@@ -42,16 +42,16 @@ class SuiteResult:
 
 
 def run_suite(document: Document) -> SuiteResult:
-    """Load a suite's policies and run every case; unusable input raises InputError."""
+    """Load a suite's policies and run every case; unusable input raises DocumentError."""
     suite = _mapping(document.body, document.source, "the suite")
     unknown = set(suite) - {"apiVersion", "kind", "metadata", "policies", "params", "context", "authorizer", "cases"}
     if unknown:
-        raise InputError(f"{document.source}: unknown field {sorted(unknown)[0]!r} in AdmissionPolicyTest")
+        raise DocumentError(f"{document.source}: unknown field {sorted(unknown)[0]!r} in AdmissionPolicyTest")
     base = Path(document.source.split("#", 1)[0]).parent
     name = str((suite.get("metadata") or {}).get("name", base.name))
     policy_paths = suite.get("policies", ["."])
     if not isinstance(policy_paths, list) or not all(isinstance(p, str) for p in policy_paths):
-        raise InputError(f"{document.source}: policies must be a list of paths")
+        raise DocumentError(f"{document.source}: policies must be a list of paths")
     if policy_paths == ["."]:
         # Only this directory, not the tree below it.
         files = [p for p in sorted(base.iterdir()) if p.suffix in (".yaml", ".yml", ".json")]
@@ -59,11 +59,11 @@ def run_suite(document: Document) -> SuiteResult:
     else:
         policies = load_policies(base / p for p in policy_paths)
     if not policies:
-        raise InputError(f"{document.source}: no AdmissionPolicy found in {policy_paths}")
+        raise DocumentError(f"{document.source}: no AdmissionPolicy found in {policy_paths}")
     policy_set = PolicySet(policies)
     cases = suite.get("cases")
     if not isinstance(cases, list) or not cases:
-        raise InputError(f"{document.source}: cases must be a non-empty list")
+        raise DocumentError(f"{document.source}: cases must be a non-empty list")
     results = []
     seen: set[str] = set()
     for index, case in enumerate(cases):
@@ -71,7 +71,7 @@ def run_suite(document: Document) -> SuiteResult:
         case = _mapping(case, where, "a case")
         case_name = str(case.get("name") or f"case {index}")
         if case_name in seen:
-            raise InputError(f"{where}: duplicate case name {case_name!r}")
+            raise DocumentError(f"{where}: duplicate case name {case_name!r}")
         seen.add(case_name)
         results.append(_run_or_fail(policy_set, case, case_name, base, f"cases[{index}]", suite))
     return SuiteResult(document.source, name, tuple(results))
@@ -83,7 +83,7 @@ def _run_or_fail(policies: PolicySet, case: Mapping[str, Any], name: str, base: 
     and the report names the suite and this case."""
     try:
         return _run_case(policies, case, name, base, where, suite)
-    except InputError as exc:
+    except DocumentError as exc:
         return CaseResult(name, None, (f"cannot run: {exc}",))
 
 
@@ -91,13 +91,14 @@ def _run_case(policies: PolicySet, case: Mapping[str, Any], name: str, base: Pat
               suite: Mapping[str, Any]) -> CaseResult:
     unknown = set(case) - _CASE_FIELDS
     if unknown:
-        raise InputError(f"{where}: unknown field {sorted(unknown)[0]!r} (allowed: {', '.join(sorted(_CASE_FIELDS))})")
+        raise DocumentError(f"{where}: unknown field {sorted(unknown)[0]!r} "
+                            f"(allowed: {', '.join(sorted(_CASE_FIELDS))})")
     expect = _mapping(case.get("expect"), where, "expect")
     unknown = set(expect) - _EXPECT_FIELDS
     if unknown:
-        raise InputError(f"{where}.expect: unknown field {sorted(unknown)[0]!r}")
+        raise DocumentError(f"{where}.expect: unknown field {sorted(unknown)[0]!r}")
     if not isinstance(expect.get("allowed"), bool):
-        raise InputError(f"{where}.expect.allowed is required (true or false)")
+        raise DocumentError(f"{where}.expect.allowed is required (true or false)")
     operation = str(case.get("operation", "CREATE"))
     obj = _object(case.get("object"), base, f"{where}.object")
     old = _object(case.get("oldObject"), base, f"{where}.oldObject")
@@ -107,7 +108,7 @@ def _run_case(policies: PolicySet, case: Mapping[str, Any], name: str, base: Pat
                               dry_run=bool(case.get("dryRun", False)))
         request = parse_review(review)
     except (ValueError, ReviewError) as exc:
-        raise InputError(f"{where}: {exc}") from None
+        raise DocumentError(f"{where}: {exc}") from None
     namespace = None
     if request.namespace:
         namespace = namespace_object(request.namespace, case.get("namespaceLabels") or {})
@@ -127,18 +128,18 @@ def _inputs(policies: PolicySet, case: Mapping[str, Any], suite: Mapping[str, An
     params_where = where if "params" in case else "the suite"
     raw_params = (case if "params" in case else suite).get("params") or []
     if not isinstance(raw_params, list):
-        raise InputError(f"{params_where}.params must be a list of objects or files")
+        raise DocumentError(f"{params_where}.params must be a list of objects or files")
     params = [found for i, item in enumerate(raw_params)
               for found in _cluster_objects(item, base, f"{params_where}.params[{i}]")]
     context_where = where if "context" in case else "the suite"
     raw_context = (case if "context" in case else suite).get("context") or {}
     if not isinstance(raw_context, Mapping):
-        raise InputError(f"{context_where}.context must map each context name to a list of objects or files")
+        raise DocumentError(f"{context_where}.context must map each context name to a list of objects or files")
     context: dict[str, tuple[str, list[Found]]] = {}
     for name, items in raw_context.items():
         named = f"{context_where}.context.{name}"
         if not isinstance(items, list):
-            raise InputError(f"{named} must be a list of objects or files")
+            raise DocumentError(f"{named} must be a list of objects or files")
         context[str(name)] = (named, [found for i, item in enumerate(items)
                                       for found in _cluster_objects(item, base, f"{named}[{i}]")])
     return checked_inputs(policies, params, context)
@@ -157,11 +158,11 @@ def _cluster_objects(value: Any, base: Path, where: str) -> list[Found]:
     if isinstance(value, Mapping):
         return kubernetes_objects(Document(where, dict(value)))
     if not isinstance(value, str):
-        raise InputError(f"{where}: must be an object or a file path")
+        raise DocumentError(f"{where}: must be an object or a file path")
     try:
         return objects_in(base / value)
-    except InputError as exc:
-        raise InputError(f"{where}: {exc}") from None
+    except DocumentError as exc:
+        raise DocumentError(f"{where}: {exc}") from None
 
 
 def check(decision: Decision, expect: Mapping[str, Any], patched: Any) -> list[str]:
@@ -204,19 +205,19 @@ def _object(value: Any, base: Path, where: str) -> Any:
     if value is None or isinstance(value, Mapping):
         return value
     if not isinstance(value, str):
-        raise InputError(f"{where}: must be an object or a file path")
+        raise DocumentError(f"{where}: must be an object or a file path")
     try:
         documents = read_documents(base / value, allow_empty=False)
-    except InputError as exc:
-        raise InputError(f"{where}: {exc}") from None
+    except DocumentError as exc:
+        raise DocumentError(f"{where}: {exc}") from None
     if len(documents) != 1 or not isinstance(documents[0].body, Mapping):
-        raise InputError(f"{where}: {base / value} must hold exactly one object")
+        raise DocumentError(f"{where}: {base / value} must hold exactly one object")
     return documents[0].body
 
 
 def _mapping(value: Any, where: str, what: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
-        raise InputError(f"{where}: {what} must be an object")
+        raise DocumentError(f"{where}: {what} must be an object")
     return value
 
 

@@ -69,6 +69,7 @@ class AuditResult:
 
     @property
     def violates(self) -> bool:
+        """A failure the policy would report (a warning included); an error is not one."""
         return self.result in (FAIL, WARN)
 
     @property

@@ -10,10 +10,11 @@ from typing import Any
 from .. import api, celcost, features
 from .. import plugins as plugin_api
 from ..cel import CelCompileError, CompiledExpression, compile_expression, referenced_variables
+from ..errors import AdmissionPolicyError
 from . import podcontrollers
 
 
-class PolicyCompileError(ValueError):
+class PolicyCompileError(AdmissionPolicyError, ValueError):
     """Every expression of a policy that failed to compile, each with its path and column."""
 
     def __init__(self, policy: str, errors: list[CelCompileError]) -> None:
@@ -39,6 +40,8 @@ class BoundPlugin:
 
 @dataclasses.dataclass(frozen=True)
 class CompiledValidation:
+    """A validation with its programs: ``check`` must be true, ``message`` (a messageExpression)
+    runs only once the check has failed."""
     spec: api.Validation
     check: CompiledExpression | None     # None: a plugin validation
     message: CompiledExpression | None
@@ -51,12 +54,15 @@ class CompiledValidation:
 
 @dataclasses.dataclass(frozen=True)
 class CompiledPatchOperation:
+    """A JSON patch operation; ``value`` computes its value per request (valueExpression), None
+    when the value is the fixed ``spec.value``."""
     spec: api.PatchOperation
     value: CompiledExpression | None
 
 
 @dataclasses.dataclass(frozen=True)
 class CompiledMutation:
+    """A mutation with its programs; ``operations`` is empty for a merge patch or a plugin."""
     spec: api.Mutation
     condition: CompiledExpression | None
     operations: tuple[CompiledPatchOperation, ...]
@@ -65,6 +71,8 @@ class CompiledMutation:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class CompiledPolicy:
+    """A policy ready to evaluate: every expression compiled and every plugin bound, once per
+    generation, so that a request only evaluates. Built by ``compile_policy``, never by hand."""
     policy: api.AdmissionPolicy
     conditions: tuple[tuple[str, CompiledExpression], ...]
     variables: dict[str, CompiledExpression]   # in declaration order; read-only by convention
@@ -86,6 +94,7 @@ class CompiledPolicy:
     gated_off: tuple[str, ...] = ()
 
     def plugins(self) -> Iterator[BoundPlugin]:
+        """Every plugin rule, gated off or not, in field order."""
         for validation in self.validations:
             if validation.plugin is not None:
                 yield validation.plugin

@@ -26,9 +26,10 @@ from ..api import REASON_CODES, LabelSelector, non_finite
 from ..authorization import Authorization, Check, answering
 from ..cel import POLICY_BUDGET, CelEvaluationError, CompiledExpression, new_activation
 from ..cellib import authz
+from ..errors import AdmissionPolicyError
 from . import plugincalls
 from .compiler import BoundPlugin, CompiledMutation, CompiledPatchOperation, CompiledPolicy, CompiledValidation
-from .inputs import InputError, Inputs, NoInputs, context_lists, describe, labels_of, select_params
+from .inputs import Inputs, InputsError, NoInputs, context_lists, describe, labels_of, select_params
 from .patching import PatchError, apply_operation, clone, diff, json_equal, merge
 from .podcontrollers import BY_RESOURCE, pod_view, template_of
 from .policyset import PolicySet
@@ -45,6 +46,8 @@ _Answer = TypeVar("_Answer")
 
 
 class Phase(enum.Enum):
+    """Which webhook is asking: the API server calls the mutating one and, later, the validating
+    one on the final object; ALL runs both in that order, for the CLI."""
     MUTATE = "mutate"
     VALIDATE = "validate"
     ALL = "all"
@@ -94,7 +97,7 @@ class PluginCall:
     seconds: float
 
 
-class PluginCallError(Exception):
+class PluginCallError(AdmissionPolicyError):
     """A plugin that raised, overran its time budget or returned something else than documented."""
 
     def __init__(self, path: str, message: str) -> None:
@@ -105,6 +108,11 @@ class PluginCallError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
+    """The answer to one request, and what callers report about it. The webhook sends the
+    answer fields (``response.build_response``); ``outcomes`` and ``plugin_calls`` are for
+    metrics, audit reports and the CLI, and ``patched_object`` (the object as the mutations left
+    it) for the CLI, which shows it and validates it. With ``unanswered`` it is no answer yet
+    (see ``evaluate``)."""
     allowed: bool
     code: int = 200
     reason: str = ""
@@ -224,7 +232,7 @@ class _Run:
                 action(policy)
             elif (self.object is not None or action != self.mutate) and self.selected(policy):
                 self._with_inputs(policy, action)
-        except (_Abort, InputError) as stop:
+        except (_Abort, InputsError) as stop:
             self.abort(policy, str(stop))
         except Exception as exc:   # never escapes evaluate(): the policy's failurePolicy decides
             self.abort(policy, f"internal error: {type(exc).__name__}: {exc}")

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from .. import api
+from ..errors import AdmissionPolicyError
 from .request import AdmissionRequest
 
 
@@ -94,7 +95,7 @@ def describe(body: Mapping[str, Any]) -> str:
     return f"{body.get('kind', 'object')} {name}"
 
 
-class InputError(Exception):
+class InputsError(AdmissionPolicyError):
     """Params or context that cannot be had for this request: the policy's failurePolicy decides."""
 
 
@@ -107,7 +108,7 @@ def param_namespace(ref: api.ParamRef, request: AdmissionRequest) -> str | None:
 def select_params(policy: api.AdmissionPolicy, request: AdmissionRequest,
                   inputs: Inputs) -> list[Mapping[str, Any]] | None:
     """The param objects to evaluate the policy with, one evaluation each; None when there is
-    none and paramRef says Allow (the policy does not apply). Raises InputError when the objects
+    none and paramRef says Allow (the policy does not apply). Raises InputsError when the objects
     cannot be read, or none is found and paramRef says Deny."""
     kind, ref = policy.param_kind, policy.param_ref
     assert kind is not None and ref is not None
@@ -120,11 +121,11 @@ def select_params(policy: api.AdmissionPolicy, request: AdmissionRequest,
             ref.name if ref.name is not None else f"objects matching {matching}")
 
     if listing.problem:
-        raise InputError(f"param {wanted()} cannot be read: {listing.problem}")
+        raise InputsError(f"param {wanted()} cannot be read: {listing.problem}")
     if namespace is None and any((body.get("metadata") or {}).get("namespace") for body in listing.objects):
         # As ValidatingAdmissionPolicy: a namespaced param needs a namespace to be read in.
-        raise InputError(f"param {wanted()} cannot be chosen for a cluster-scoped object: {kind.kind} is namespaced "
-                         "and spec.paramRef.namespace is unset")
+        raise InputsError(f"param {wanted()} cannot be chosen for a cluster-scoped object: {kind.kind} is namespaced "
+                          "and spec.paramRef.namespace is unset")
     if ref.name is not None:
         found = [body for body in listing.objects if (body.get("metadata") or {}).get("name") == ref.name]
     else:
@@ -136,21 +137,21 @@ def select_params(policy: api.AdmissionPolicy, request: AdmissionRequest,
         return found
     if ref.not_found_action == "Allow":
         return None
-    raise InputError(f"param {wanted()} not found (spec.paramRef.parameterNotFoundAction is Deny)")
+    raise InputsError(f"param {wanted()} not found (spec.paramRef.parameterNotFoundAction is Deny)")
 
 
 def context_lists(policy: api.AdmissionPolicy, request: AdmissionRequest,
                   inputs: Inputs) -> dict[str, list[Mapping[str, Any]]]:
-    """``context.<name>`` for each entry; InputError when one is not in sync or over its cap."""
+    """``context.<name>`` for each entry; InputsError when one is not in sync or over its cap."""
     lists: dict[str, list[Mapping[str, Any]]] = {}
     for entry in policy.context:
         namespace = (request.namespace or None) if entry.scope == "RequestNamespace" else None
         listing = inputs.context(entry, namespace)
         if listing.problem:
-            raise InputError(f"context {entry.name!r} ({entry.source}) is not in sync: {listing.problem}")
+            raise InputsError(f"context {entry.name!r} ({entry.source}) is not in sync: {listing.problem}")
         if len(listing.objects) > entry.max_objects:
             where = f" in namespace {namespace}" if namespace else ""
-            raise InputError(f"context {entry.name!r} ({entry.source}) holds {len(listing.objects):,} objects{where}, "
-                             f"over its maxObjects of {entry.max_objects:,} ({entry.path}.maxObjects)")
+            raise InputsError(f"context {entry.name!r} ({entry.source}) holds {len(listing.objects):,} objects{where}, "
+                              f"over its maxObjects of {entry.max_objects:,} ({entry.path}.maxObjects)")
         lists[entry.name] = list(listing.objects)
     return lists

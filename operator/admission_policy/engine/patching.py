@@ -14,9 +14,11 @@ from typing import Any
 import jsonpatch
 import jsonpointer
 
+from ..errors import AdmissionPolicyError
 
-class PatchError(ValueError):
-    pass
+
+class PatchError(AdmissionPolicyError, ValueError):
+    """A JSON patch that does not apply to the object; the mutation fails as an evaluation error."""
 
 
 def apply_operation(document: dict[str, Any], operation: Mapping[str, Any]) -> dict[str, Any]:

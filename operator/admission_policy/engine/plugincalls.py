@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, overload
 
+from ..errors import AdmissionPolicyError
 from ..plugins import Failure, MutatorPlugin, Plugin, PluginRequest, ValidatorPlugin, field_path
 from .patching import clone
 
@@ -40,7 +41,7 @@ OPERATIONS: Final = frozenset({"add", "copy", "move", "remove", "replace", "test
 JSON_DATA: Final = "objects with string keys, arrays, strings, finite numbers, true, false and null"
 
 
-class PluginFault(Exception):
+class PluginFault(AdmissionPolicyError):
     """A plugin call without a usable answer; the message names the plugin."""
 
 

@@ -29,6 +29,8 @@ JOB_TEMPLATE: Final[Location] = ("spec", "jobTemplate", "spec", "template")
 
 @dataclasses.dataclass(frozen=True)
 class Controller:
+    """A workload kind that makes Pods from a template, and where the template sits in it: a
+    Pod policy judges that template as the Pods it will make."""
     kind: str
     group: str
     version: str
@@ -45,7 +47,6 @@ CONTROLLERS: Final[tuple[Controller, ...]] = (
     Controller("CronJob", "batch", "v1", "cronjobs", JOB_TEMPLATE),
     Controller("ReplicationController", "", "v1", "replicationcontrollers", POD_TEMPLATE),
 )
-KINDS: Final = tuple(controller.kind for controller in CONTROLLERS)
 BY_RESOURCE: Final[Mapping[tuple[str, str], Controller]] = {(c.group, c.resource): c for c in CONTROLLERS}
 
 # What a Pod has and its template never does: set by the API server, the scheduler or the
@@ -73,6 +74,7 @@ class Coverage:
     reason: str = ""                         # why it judges none (when ``kinds`` is empty)
 
     def as_status(self) -> dict[str, Any]:
+        """``status.podControllers`` as the CRD declares it (empty fields left out)."""
         status: dict[str, Any] = {"kinds": list(self.kinds)}
         if self.not_applied:
             status["notApplied"] = [{"path": n.path, "reason": n.reason} for n in self.not_applied]

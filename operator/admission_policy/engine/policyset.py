@@ -67,6 +67,7 @@ class PolicySet:
         return PolicySet._of(policies, index)
 
     def remove(self, name: str) -> PolicySet:
+        """A new set without the policy ``name`` (this one, when it has none)."""
         if name not in self._policies:
             return self
         policies, index = dict(self._policies), dict(self._index)

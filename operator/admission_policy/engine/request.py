@@ -11,6 +11,8 @@ from typing import Any, Final
 
 import orjson
 
+from ..errors import AdmissionPolicyError
+
 OPERATIONS: Final = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 
 # Deeper JSON is refused (400, so the API server applies the webhook's failurePolicy). The API
@@ -24,12 +26,15 @@ MAX_JSON_DEPTH: Final = 1_000
 _DECODER_FRAMES: Final = 3 + 10
 
 
-class ReviewError(ValueError):
+class ReviewError(AdmissionPolicyError, ValueError):
     """An AdmissionReview that cannot be evaluated; the message says which field is wrong."""
 
 
 @dataclasses.dataclass(frozen=True)
 class AdmissionRequest:
+    """An AdmissionReview's request, checked by ``parse_review``: the engine relies on its
+    fields being there and of their types (an object for CREATE and UPDATE, an old object for
+    UPDATE). ``group``/``version``/``resource`` are ``request.resource``, what policies match."""
     uid: str
     group: str
     version: str

@@ -9,6 +9,8 @@ from .evaluation import Decision
 
 
 def build_response(decision: Decision, uid: str, api_version: str = "admission.k8s.io/v1") -> dict[str, Any]:
+    """The AdmissionReview answering ``uid``: only the decision's answer fields, as the API
+    server reads them (a denial's status, warnings, the patch base64-encoded)."""
     response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
     if not decision.allowed:
         response["status"] = {"code": decision.code, "message": decision.message, "reason": decision.reason}

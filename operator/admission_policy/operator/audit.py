@@ -21,29 +21,30 @@ import dataclasses
 import datetime
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 from kubernetes_asyncio import client
 
 from .. import api, reports
+from ..cluster.client import call_json, message_of, resource_path
+from ..cluster.discovery import DiscoveredResource, Discovery
+from ..cluster.listing import ListingError, display, list_objects
+from ..cluster.routing import listable_resources, routes
 from ..engine import AdmissionRequest, CompiledPolicy, Decision, Inputs, PolicySet
 from ..engine.background import (
     FAIL,
     WARN,
     AuditResult,
-    Resource,
     audit_object,
     audits,
     background_request,
     user_info_reads,
 )
-from . import handoff, metrics, registration
-from .kube import Discovery, call_json, message_of, resource_path
+from . import handoff, metrics
+from .config import OperatorConfig
 from .reportwriter import ReportBook
-from .settings import OperatorSettings
 from .store import PolicyStore
-from .webhookconfig import EXEMPT_LABEL, DiscoveredResource, listable_resources, never_judged
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class Scan:
 
 
 class Auditor:
-    def __init__(self, api_client: client.ApiClient, settings: OperatorSettings, store: PolicyStore,
+    def __init__(self, api_client: client.ApiClient, settings: OperatorConfig, store: PolicyStore,
                  discovery: Discovery, reconciles: Callable[[], Awaitable[bool]],
                  clock: Callable[[], float] = time.monotonic, inputs: Inputs | None = None) -> None:
         self.api = api_client
@@ -268,7 +269,7 @@ class Auditor:
         tally: collections.Counter[str] = collections.Counter()
         violations: list[dict[str, Any]] = []
         problems: list[str] = []
-        targets = listable_resources(registration.routes(policy), discovered) if audits(policy) else []
+        targets = listable_resources(routes(policy), discovered) if audits(policy) else []
         single = PolicySet([policy])
         busy_since = self.clock()
         for target in targets:
@@ -303,70 +304,6 @@ class Auditor:
         if status != 404 and not 200 <= status <= 299:   # 404: deleted meanwhile
             logger.warning("AdmissionPolicy %s: writing status.audit failed: %s %s", name, status,
                            message_of(answer))
-
-
-async def list_objects(api_client: client.ApiClient, settings: OperatorSettings, target: DiscoveredResource,
-                       progress: Callable[[int, int | None], None] | None = None,
-                       ) -> AsyncIterator[tuple[Resource, dict[str, Any]]]:
-    """The objects of one resource, ``settings.audit_page_size`` at a time, without those
-    admission never judges, each once. ``progress(listed, estimated total)`` after each page.
-
-    A continue token that expired (410) is followed by the one the API server offers with it (the
-    rest of the list from a newer snapshot: right for an audit); without one, the listing starts
-    over and skips what it already gave — items come in key order, namespace then name."""
-    path = resource_path(target.group, target.version, target.resource)
-    token, relists, listed = "", 0, 0
-    given, skip_to = "", ""   # the key of the last item given; after starting over, skip up to it
-    while True:
-        query = [("limit", str(settings.audit_page_size)), ("labelSelector", f"{EXEMPT_LABEL}!=true")]
-        if token:
-            query.append(("continue", token))
-        status, page = await call_json(api_client, "GET", path, query=query)
-        if status == 410 and token and relists < MAX_RELISTS:   # the continue token expired
-            offered = (page.get("metadata") or {}).get("continue") if isinstance(page, Mapping) else None
-            token, relists = str(offered or ""), relists + 1
-            skip_to, listed = ("", listed) if token else (given, 0)
-            continue
-        if status != 200 or not isinstance(page, Mapping):
-            raise ListingError(f"cannot list {display(target)}: {status} {message_of(page)}".strip())
-        items = page.get("items") or []
-        # The list's kind names its items' (their own kind is usually left out of a list).
-        kind = str(page.get("kind") or "").removesuffix("List") or next(
-            (str(item.get("kind")) for item in items if isinstance(item, dict) and item.get("kind")), "")
-        resource = Resource(target.group, target.version, target.resource, kind, target.namespaced)
-        meta = page.get("metadata") or {}
-        listed += len(items)
-        if progress is not None:
-            remaining = meta.get("remainingItemCount")
-            progress(listed, listed + int(remaining) if isinstance(remaining, int) else
-                     (None if meta.get("continue") else listed))
-        for item in items:
-            if not isinstance(item, dict):
-                continue
-            metadata = item.get("metadata") or {}
-            key = f"{metadata.get('namespace') or ''}/{metadata.get('name') or ''}"
-            if skip_to and key <= skip_to:   # (only after starting over: aggregated APIs need not sort)
-                continue
-            given = key
-            item.setdefault("apiVersion", resource.api_version)
-            item.setdefault("kind", kind)
-            if (metadata.get("labels") or {}).get(EXEMPT_LABEL) == "true":   # the selector's job, unless ignored
-                continue
-            namespace = str(metadata.get("namespace") or "") if target.namespaced else ""
-            if never_judged(settings, target.group, target.resource, namespace, str(metadata.get("name"))):
-                continue
-            yield resource, item
-        token = str(meta.get("continue") or "")
-        if not token:
-            return
-
-
-class ListingError(Exception):
-    """A resource the scan could not list (RBAC, an aggregated API down)."""
-
-
-def display(target: DiscoveredResource) -> str:
-    return f"{target.resource}.{target.group}" if target.group else target.resource
 
 
 def _status(policy: CompiledPolicy, generation: int, tally: Mapping[str, int], violations: list[dict[str, Any]],

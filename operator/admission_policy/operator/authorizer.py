@@ -24,8 +24,8 @@ from typing import Any, Final
 from kubernetes_asyncio import client
 
 from ..authorization import Answer, Answers, Authorization, Check
+from ..cluster.client import call_json, message_of
 from ..engine import Decision
-from .kube import call_json, message_of
 
 logger = logging.getLogger(__name__)
 

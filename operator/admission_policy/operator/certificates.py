@@ -31,7 +31,8 @@ from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes, Pub
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from admission_policy.operator.settings import OperatorSettings
+from admission_policy.errors import AdmissionPolicyError
+from admission_policy.operator.config import OperatorConfig
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ _REQUIRED_KEYS = (CA_CERT_KEY, CA_KEY_KEY, CERT_KEY, KEY_KEY)
 _MANAGED_BY = {"app.kubernetes.io/managed-by": "admission-policy-operator"}
 
 
-class CertificateError(ValueError):
+class CertificateError(AdmissionPolicyError, ValueError):
     """The stored certificate material is missing, malformed or inconsistent."""
 
 
@@ -112,7 +113,7 @@ class SecretsApi(Protocol):
     def replace_namespaced_secret(self, name: str, namespace: str, body: Any) -> Awaitable[Any]: ...
 
 
-def serving_hosts(settings: OperatorSettings) -> tuple[str, ...]:
+def serving_hosts(settings: OperatorConfig) -> tuple[str, ...]:
     """Names the serving certificate must carry: the Service's, the advertised host, loopback."""
     hosts = [*settings.service_dns_names]
     if settings.advertise_host:
@@ -254,7 +255,7 @@ def write_files(bundle: CertificateBundle, directory: str | os.PathLike[str]) ->
     return paths
 
 
-async def ensure_certificates(api: SecretsApi, settings: OperatorSettings, now: datetime.datetime,
+async def ensure_certificates(api: SecretsApi, settings: OperatorConfig, now: datetime.datetime,
                               held: CertificateBundle | None = None) -> CertificateBundle:
     """Load the shared bundle from the Secret, creating or renewing it as needed.
 
@@ -320,7 +321,7 @@ async def _conflicts(call: Awaitable[Any]) -> bool:
 
 
 def _secret_body(
-    settings: OperatorSettings, bundle: CertificateBundle, *, secret_type: str, resource_version: str | None
+    settings: OperatorConfig, bundle: CertificateBundle, *, secret_type: str, resource_version: str | None
 ) -> dict[str, Any]:
     metadata: dict[str, Any] = {
         "name": settings.cert_secret,

@@ -33,6 +33,8 @@ REGISTRATION_LOST: Final = "RegistrationLost"
 
 @dataclasses.dataclass(frozen=True)
 class Condition:
+    """One status condition as the operator decides it; ``status_patch`` adds the times and
+    the generation, keeping a transition time while the status stays the same."""
     type: str
     status: ConditionStatus
     reason: str
@@ -126,6 +128,7 @@ def inputs_condition(unsynced: Sequence[str], over_cap: Sequence[str]) -> Condit
 
 
 def pending(reason: str = "Reconciling", message: str = "the operator is loading this generation") -> Observation:
+    """The status of a generation not judged yet: Unknown, so nothing reads it as Ready or failed."""
     unknown = Condition(COMPILED, "Unknown", reason, message)
     return Observation(unknown, Condition(REGISTERED, "Unknown", reason, message))
 
@@ -155,6 +158,8 @@ def status_patch(
 
 
 def terminating_patch(old_status: Mapping[str, Any] | None, now: datetime.datetime) -> dict[str, Any]:
+    """The status while a deleted policy is unrouted: Ready is False, the other conditions stay
+    as they were (they still describe the generation being removed)."""
     message = "the policy is being removed from the webhook configurations"
     previous = {c.get("type"): c for c in (old_status or {}).get("conditions") or [] if isinstance(c, Mapping)}
     ready = Condition(READY, "False", "Terminating", message)

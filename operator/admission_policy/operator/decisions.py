@@ -36,6 +36,9 @@ class _Window:
 
 
 class DecisionLog:
+    """The decision lines, rate-limited per policy as the module says; ``run`` reports what
+    was suppressed even when no later decision comes to do it."""
+
     def __init__(self, burst: int = 10, window: float = 60.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.burst = burst

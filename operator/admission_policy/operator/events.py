@@ -16,6 +16,7 @@ import datetime
 import logging
 from collections.abc import Callable
 
+import aiohttp
 from kubernetes_asyncio import client
 
 from .. import api
@@ -46,7 +47,9 @@ class PolicyEvents:
 
     async def post(self, api_client: client.ApiClient, policy: str, uid: str | None, *,
                    type_: str, reason: str, message: str) -> None:
-        """Post one event; a failure is logged, never raised: events are auxiliary."""
+        """Post one event; a failure is logged, never raised: events are auxiliary. A failed post
+        is dropped, not retried: the next interval's denials are posted anew, and a retry would
+        only hold the poster up while the API server is away."""
         now = datetime.datetime.now(datetime.UTC)
         event = client.CoreV1Event(
             metadata=client.V1ObjectMeta(generate_name=f"{policy}.", namespace=EVENT_NAMESPACE),
@@ -59,9 +62,12 @@ class PolicyEvents:
         )
         try:
             await client.CoreV1Api(api_client).create_namespaced_event(EVENT_NAMESPACE, event)
-        except client.ApiException as exc:
+        except client.ApiException as exc:   # a refusal, or no answer in time (a 504, cluster/client.py)
             logger.warning("AdmissionPolicy %s: cannot post the %s event: %s %s", policy, reason, exc.status,
                            exc.reason)
+        except (aiohttp.ClientError, TimeoutError) as exc:   # the connection refused or cut; the client's own
+            logger.warning("AdmissionPolicy %s: cannot post the %s event: %s", policy, reason,
+                           str(exc) or type(exc).__name__)
 
     async def run(self, api_client: client.ApiClient, uid_of: Callable[[str], str | None]) -> None:
         """Post the denials counted in each interval."""

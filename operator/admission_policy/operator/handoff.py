@@ -21,7 +21,7 @@ from typing import Final, TypeAlias
 from kubernetes_asyncio import client
 
 from .. import reports
-from .kube import call_json, message_of, resource_path
+from ..cluster.client import call_json, message_of, resource_path
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +35,8 @@ Admissions: TypeAlias = dict[str, dict[ObjectKey, tuple[reports.ObjectRef, list[
 
 
 def configmap_name(pod_name: str) -> str:
+    """The ConfigMap of the replica running in ``pod_name``: one each, so replicas never write
+    the same object; cut to a valid object name."""
     return f"admission-results-{pod_name}"[:253].rstrip("-.")
 
 
@@ -80,6 +82,8 @@ def decode(text: str) -> list[reports.Entry]:
 
 
 def by_object(entries: Iterable[reports.Entry]) -> Admissions:
+    """Entries grouped by policy, then object: an object's admission results go in together,
+    in place of the ones a scan found for it."""
     grouped: Admissions = {}
     for entry in entries:
         _, kept = grouped.setdefault(entry.policy, {}).setdefault(entry.ref.key, (entry.ref, []))

@@ -74,6 +74,28 @@ class SourceStats:
 
 SOURCES = SourceStats()
 REGISTRY.register(SOURCES)
+
+
+class TaskStats:
+    """The background tasks (operator/supervision.py), read at scrape time: a task that dies is
+    restarted, so only its restarts say it happened; one left dead is also named in /readyz."""
+
+    def __init__(self) -> None:
+        self.read: Callable[[], Iterator[tuple[str, int, bool]]] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        restarts = CounterMetricFamily("admission_policy_task_restarts", "Restarts of a background task "
+                                       "after it died, by task.", labels=["task"])
+        stopped = GaugeMetricFamily("admission_policy_task_stopped", "1 once a background task died too often to "
+                                    "be restarted again (the probes name it), by task.", labels=["task"])
+        for task, count, given_up in (self.read() if self.read is not None else ()):
+            restarts.add_metric([task], count)
+            stopped.add_metric([task], 1 if given_up else 0)
+        yield from (restarts, stopped)
+
+
+TASKS = TaskStats()
+REGISTRY.register(TASKS)
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -162,14 +184,22 @@ async def serve_metrics(host: str, port: int) -> aiohttp.web.AppRunner:
     return await _start(app, host, port)
 
 
-async def serve_probes(host: str, port: int, ready: Callable[[], bool],
-                       detail: Callable[[], str] = str) -> aiohttp.web.AppRunner:
+async def serve_probes(host: str, port: int, ready: Callable[[], bool], detail: Callable[[], str] = str,
+                       broken: Callable[[], str] = str) -> aiohttp.web.AppRunner:
     """/healthz answers while the event loop runs; /readyz once policies are loaded and served, with
-    ``detail()`` (e.g. a watch that is down) after "ready" when there is one."""
+    ``detail()`` (e.g. a watch that is down) after "ready" when there is one. While ``broken()``
+    says what the replica cannot do without a restart (an essential background task left dead),
+    both fail with it: out of the Service, then restarted by the kubelet."""
     async def healthz(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        problem = broken()
+        if problem:
+            return aiohttp.web.Response(status=503, text=f"not alive: {problem}")
         return aiohttp.web.Response(text="ok")
 
     async def readyz(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        problem = broken()
+        if problem:
+            return aiohttp.web.Response(status=503, text=f"not ready: {problem}")
         if ready():
             problem = detail()
             return aiohttp.web.Response(text=f"ready; {problem}" if problem else "ready")

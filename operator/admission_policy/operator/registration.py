@@ -11,18 +11,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes_asyncio import client
 
-from ..engine import CompiledPolicy, PolicySet
-from .kube import Discovery
-from .settings import OperatorSettings
+from ..cluster.discovery import Discovery
+from ..cluster.routing import all_routes
+from ..cluster.watch import watch_objects
+from ..engine import PolicySet
+from .config import OperatorConfig
 from .store import PolicyStore
-from .watcher import watch_objects
 from .webhookconfig import (
-    RouteRule,
     apply_configurations,
     build_mutating_configuration,
     build_validating_configuration,
@@ -36,26 +36,9 @@ DEBOUNCE = 0.1  # coalesce a burst of watch events (the initial list) into one w
 RECHECK_INTERVAL = 60.0  # read both configurations back at least this often, whatever the watches say
 
 
-def routes(policy: CompiledPolicy, *, derived: bool = True) -> list[RouteRule]:
-    """What the webhooks must send for one policy: its rules, on the webhooks it uses; for a Pod
-    policy, also (``derived``) the workloads whose Pod templates it judges, so that they are
-    routed only while some policy needs them."""
-    return [
-        RouteRule(rule.api_groups, rule.api_versions, rule.resources, rule.operations,
-                  compiled.policy.failure_policy, mutating)
-        for compiled in ((policy, *policy.derived) if derived else (policy,))
-        for rule in compiled.policy.match.resources
-        for mutating, wanted in ((False, compiled.validations), (True, compiled.mutations)) if wanted
-    ]
-
-
-def all_routes(policies: Iterable[CompiledPolicy]) -> list[RouteRule]:
-    return [route for policy in policies for route in routes(policy)]
-
-
 async def keep_configurations(
     api_client: client.ApiClient,
-    settings: OperatorSettings,
+    settings: OperatorConfig,
     store: PolicyStore,
     discovery: Discovery,
     ca_bundle: Callable[[], str],
@@ -75,7 +58,7 @@ async def keep_configurations(
 class _Keeper:
     """The writer's state: what the API server held after the last successful write."""
 
-    def __init__(self, api: client.AdmissionregistrationV1Api, settings: OperatorSettings, store: PolicyStore,
+    def __init__(self, api: client.AdmissionregistrationV1Api, settings: OperatorConfig, store: PolicyStore,
                  discovery: Discovery, ca_bundle: Callable[[], str]) -> None:
         self.api = api
         self.settings = settings

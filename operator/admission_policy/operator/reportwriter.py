@@ -17,7 +17,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from .. import reports
-from .kube import call_json, message_of, resource_path
+from ..cluster.client import call_json, message_of, resource_path
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +25,9 @@ READ_BACKOFF = 60.0   # seconds before reading the reports again after a failure
 
 
 class ReportBook:
+    """The reports as they should be and as the cluster holds them, on the reconciling replica
+    only: it alone writes reports, so two replicas never overwrite each other's."""
+
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
         self.results: dict[str, reports.Results] = {}
@@ -35,12 +38,14 @@ class ReportBook:
         self._first_seen: dict[str, dict[tuple[str, str, str, str, str], int]] = {}   # see seen()
 
     def put(self, policy: str, results: reports.Results) -> None:
+        """A scan's results for ``policy``, replacing its previous ones; ``flush`` writes them."""
         old = self.results.get(policy)
         self.dirty |= results.namespaces | (old.namespaces if old else set()) | self.failed
         self.failed.clear()
         self.results[policy] = results
 
     def drop(self, policy: str) -> None:
+        """Forget a deleted policy's results; ``flush`` removes them from the reports."""
         self._first_seen.pop(policy, None)
         old = self.results.pop(policy, None)
         if old is not None:

@@ -3,7 +3,7 @@
 One cache per source — (group, version, resource, label selector) — shared by every policy that
 declares it, as a context entry or as its paramKind (resolved to a resource through discovery).
 A cache is started when the first loaded policy needs it and stopped when the last one that did is
-gone. Each is a list+watch with the policy watcher's machinery (``watcher.list_and_watch``:
+gone. Each is a list+watch with the policy watcher's machinery (``cluster.watch.list_and_watch``:
 resume from the last resourceVersion, list again on 410 Gone or failure, back off), so a request
 reads memory only and never waits on the API server.
 
@@ -28,9 +28,9 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from .. import api
+from ..cluster.discovery import Discovery
+from ..cluster.watch import failure_text, list_and_watch
 from ..engine import Listing, PolicySet
-from .kube import Discovery
-from .watcher import failure_text, list_and_watch
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class SourceCache:
         self.total_bytes = 0
         self._snapshots: dict[str | None, tuple[Mapping[str, Any], ...]] = {}
         self.loaded = asyncio.Event()
-        self.unsynced: dict[str, float] = {}       # see watcher.list_and_watch: set while the watch is down
+        self.unsynced: dict[str, float] = {}       # see cluster.watch.list_and_watch: set while the watch is down
         self.last_error = ""
         # When the watch began to fail, absolute: a status message that says "for 3s" would be
         # rewritten by every pass only because the number grew.
@@ -93,10 +93,13 @@ class SourceCache:
         return ""
 
     def failed(self, error: str) -> None:
+        """Note a watch failure; the time kept is the first one's, until the cache is in sync again."""
         self.last_error = error
         self.failed_at = self.failed_at or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     def apply(self, kind: str, body: Mapping[str, Any]) -> None:
+        """One watch event (``kind``: ADDED, MODIFIED or DELETED). Objects are kept without their
+        managedFields; crossing a context's maxObjects, either way, is announced."""
         metadata = body.get("metadata") or {}
         namespace, name = str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
         key = (namespace, name)
@@ -278,6 +281,7 @@ class Sources:
         return f"the cluster serves no kind {kind} (install its API, or fix spec.paramKind)"
 
     def start(self, source: api.ContextSource) -> SourceCache:
+        """A cache of ``source``, watched from now on (without an API client: filled by hand, in tests)."""
         cache = self.caches[source] = SourceCache(source, on_limit_crossed=self._announce)
         cache.limits = self.limits.get(source, frozenset())
         if self.api_client is not None:
@@ -286,6 +290,7 @@ class Sources:
         return cache
 
     async def stop(self, source: api.ContextSource) -> None:
+        """Stop watching ``source`` and drop its objects: no policy reads it any more."""
         cache = self.caches.pop(source)
         if cache.task is not None:
             cache.task.cancel()
@@ -293,6 +298,7 @@ class Sources:
         logger.info("Stopped watching %s: no policy reads it any more", source)
 
     async def close(self) -> None:
+        """Stop every watch, at shutdown."""
         for source in list(self.caches):
             await self.stop(source)
 
@@ -332,7 +338,7 @@ class Sources:
 
 def lister(api_client: client.ApiClient, source: api.ContextSource) -> Callable[..., Any]:
     """A list/watch call for any resource (core or grouped) across namespaces, with the source's
-    label selector applied by the API server: the shape ``watcher.list_and_watch`` calls."""
+    label selector applied by the API server: the shape ``cluster.watch.list_and_watch`` calls."""
     prefix = f"/apis/{source.group}/{source.version}" if source.group else f"/api/{source.version}"
     path = f"{prefix}/{source.resource}"
     selector = api.selector_text(source.label_selector)
@@ -371,7 +377,7 @@ def _key(namespace: str, name: str) -> str:
 
 def _without_managed_fields(body: Mapping[str, Any]) -> Mapping[str, Any]:
     """Kept without ``metadata.managedFields``: often the largest part of an object, never what a
-    context is for (see the README)."""
+    context is for (see docs/params-and-context.md)."""
     metadata = body.get("metadata")
     if not isinstance(metadata, Mapping) or "managedFields" not in metadata:
         return body

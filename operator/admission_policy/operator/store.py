@@ -33,12 +33,21 @@ def load_policy(body: Mapping[str, Any], default_failure_policy: api.FailurePoli
 
 
 def error_text(error: Exception) -> str:
+    """A load error on one line, for a status condition, an event or a log: each expression's
+    error, not the multi-line report a terminal gets."""
     if isinstance(error, PolicyCompileError):
         return "; ".join(str(e) for e in error.errors)
     return str(error)
 
 
 class PolicyStore:
+    """The replica's state shared by its watcher, its webhook and its status handlers: the
+    policy set requests read, what failed to load, and what the webhook configurations route.
+
+    The one writer of the policy set (``observe``, ``forget``, ``sync``); the handlers wait on it
+    (``wait_registered``) before they report a policy as enforced, so a status never says
+    Ready before the API server sends the policy's requests here."""
+
     def __init__(self, default_failure_policy: api.FailurePolicy = "Fail") -> None:
         self.default_failure_policy = default_failure_policy
         self.policies = PolicySet()                      # swapped whole, read per request
@@ -102,6 +111,7 @@ class PolicyStore:
         self.changed.set()
 
     def forget(self, name: str, why: str) -> None:
+        """Stop enforcing ``name`` (logged with ``why``); the configurations are rewritten without it."""
         self.rejected.pop(name, None)
         if name in self.generations:
             self.policies = self.policies.remove(name)
@@ -156,9 +166,11 @@ class PolicyStore:
         return await self._wait(lambda: self.registration_count > count, timeout)
 
     async def wait_registered(self, name: str, generation: int, timeout: float) -> bool:
+        """Whether the configurations came to route this generation (or a later one) in time."""
         return await self._wait(lambda: self.registered.get(name, -1) >= generation, timeout)
 
     async def wait_unregistered(self, name: str, timeout: float) -> bool:
+        """Whether the configurations stopped routing ``name`` in time: its finalizer may go then."""
         return await self._wait(lambda: name not in self.registered, timeout)
 
     async def _wait(self, predicate: Callable[[], bool], timeout: float) -> bool:

@@ -19,7 +19,7 @@ public web server instead:
 - a review may be ``MAX_REVIEW_BYTES`` (aiohttp's default is 1 MiB, too small for an UPDATE of
   a large object); bigger is 413. The body must be UTF-8 JSON of standard numbers (400 if not);
 - idle and slow connections are closed, and at most ``max_connections`` are open (see the
-  constants below and ``_Connections``);
+  constants below and ``_Connections``); each costs little while it has sent no request (``_TLS``);
 - TLS 1.2 or newer with AEAD ciphers and forward secrecy only (``_harden``).
 """
 from __future__ import annotations
@@ -35,6 +35,7 @@ import logging
 import pathlib
 import ssl
 import time
+from asyncio import sslproto
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
@@ -44,7 +45,7 @@ import orjson
 from kopf._core.engines import admission as kopf_admission
 
 from ..engine import AdmissionRequest, Decision, ReviewError, build_response, decode_review, parse_review
-from .settings import OperatorSettings
+from .config import OperatorConfig
 from .webhookconfig import MUTATE_PATH, VALIDATE_PATH, VALIDATE_POLICY_PATH
 
 logger = logging.getLogger(__name__)
@@ -61,13 +62,18 @@ MAX_REVIEW_BYTES = 4 * 1024 * 1024
 KEEPALIVE_TIMEOUT = 120.0
 # Go's client gives up a TLS handshake after 10 s; a handshake still running then is no API server's.
 TLS_HANDSHAKE_TIMEOUT = 10.0
+# asyncio reads TLS into a buffer of 256 KB allocated per connection at accept: 500 connections that
+# never sent a byte cost 140 MB. One TLS record (16 KB and a header) is what a read can decrypt at once;
+# reading a 3 MB review through it costs ~1.5 ms more CPU than through 256 KB, a 20 KB one nothing measurable.
+TLS_READ_BUFFER = 17 * 1024
 # After an early answer (413, 408), how long the rest of the body is read and dropped so that the
 # client sees the answer rather than a reset.
 LINGERING_TIME = 2.0
 # At the connection cap, a connection idle for less than this is not closed to make room: it is
 # between two requests of its client (the API server reuses the connection it used last first),
 # and closing it races with the next one, which the API server does not retry (a burst of
-# connections closed the API server's this way, issue 12). The new connection is refused instead.
+# connections closed the API server's this way, issue 12). The new connection is refused instead,
+# unless a connection that has sent no request yet can be closed (see ``_Connections``).
 MIN_IDLE_TO_EVICT = 2.0
 # TLS 1.2 suites with ECDHE and AEAD (TLS 1.3's are all such): what Go's client offers first.
 CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
@@ -93,11 +99,12 @@ class PolicyWebhookServer(kopf.WebhookServer):
     handshake_timeout: float = TLS_HANDSHAKE_TIMEOUT
     min_idle_to_evict: float = MIN_IDLE_TO_EVICT
 
-    def __init__(self, *, listening: asyncio.Event, max_connections: int = OperatorSettings.max_connections,
-                 body_timeout: float = OperatorSettings.webhook_timeout, **kwargs: Any) -> None:
-        """``max_connections``: open connections at most; each costs ~280 KB. The API server keeps
-        up to 25 idle connections to a webhook per instance, and opens more only while that many
-        calls are in flight at once.
+    def __init__(self, *, listening: asyncio.Event, max_connections: int = OperatorConfig.max_connections,
+                 body_timeout: float = OperatorConfig.webhook_timeout, **kwargs: Any) -> None:
+        """``max_connections``: open connections at most (past the TLS handshake; a handshake
+        costs ~40 KB until it completes or ``handshake_timeout``); each costs ~75 KB idle. The API
+        server keeps up to 25 idle connections to a webhook per instance, and opens more only while
+        that many calls are in flight at once.
 
         ``body_timeout``: how long a request's body may take to arrive once its headers have — the
         webhooks' ``timeoutSeconds``, after which the API server has given up on the answer.
@@ -181,10 +188,13 @@ class PolicyWebhookServer(kopf.WebhookServer):
         server = runner.server
         assert server is not None, "the runner is set up"
         connections = _Connections(self.max_connections, self._throttle, self.min_idle_to_evict)
-        listener = await asyncio.get_running_loop().create_server(
-            lambda: _Gate(server(), connections), self.addr or None, port, ssl=context,
-            ssl_handshake_timeout=self.handshake_timeout if context is not None else None,
-            reuse_address=True, reuse_port=True)
+        loop = asyncio.get_running_loop()
+
+        def accept() -> asyncio.BaseProtocol:
+            gate = _Gate(server, connections)
+            return gate if context is None else _TLS(loop, gate, context, self.handshake_timeout)
+
+        listener = await loop.create_server(accept, self.addr or None, port, reuse_address=True, reuse_port=True)
         logger.debug("Listening for webhooks at %s", self._build_url("https" if context else "http",
                                                                      self.addr or "*", port, self.path or ""))
         return listener
@@ -272,7 +282,7 @@ def _busy(request: aiohttp.web.Request) -> Iterator[None]:
     """While a request is answered, its connection is never the one closed to make room."""
     gate = _Gate.of(request)
     if gate is not None:
-        gate.busy = True
+        gate.busy = gate.served = True
     try:
         yield
     finally:
@@ -320,16 +330,34 @@ def _identities_only(review: Mapping[str, Any], parsed: AdmissionRequest) -> dic
 _IDENTITY = ("name", "generateName", "namespace")
 
 
+class _TLS(sslproto.SSLProtocol):
+    """asyncio's TLS for one connection (what ``create_server(ssl=...)`` makes), with a read buffer
+    of ``TLS_READ_BUFFER`` instead of asyncio's 256 KB: that buffer is allocated at accept, for
+    every connection, including those that never complete a handshake or never send a request."""
+
+    max_size = TLS_READ_BUFFER
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, gate: _Gate, context: ssl.SSLContext,
+                 handshake_timeout: float) -> None:
+        # No waiter (asyncio's own accept awaits one only to log failed handshakes in debug mode);
+        # typeshed asks for a future and an int timeout, asyncio takes None and a float.
+        super().__init__(loop, gate, context, None, server_side=True,  # type: ignore[arg-type]
+                         ssl_handshake_timeout=handshake_timeout)  # type: ignore[arg-type]
+
+
 class _Gate(asyncio.Protocol):
     """One connection: admitted (or not) by ``_Connections`` once its TLS handshake is done, then
-    aiohttp's protocol for it, which it forwards everything to."""
+    aiohttp's protocol for it (made then, not at accept), which it forwards everything to."""
 
-    def __init__(self, handler: Any, connections: _Connections) -> None:
-        self.handler = handler
+    def __init__(self, server: aiohttp.web.Server, connections: _Connections) -> None:
+        self.server = server
+        self.handler: Any = None
         self.connections = connections
         self.busy = False        # a request is being answered: never closed to make room
+        self.served = False      # has sent a request (one that reached the webhook's handler)
         self.active = time.monotonic()   # admitted, or last answered a request
         self.peer: Any = None
+        self.transport: asyncio.Transport | None = None
 
     @staticmethod
     def of(request: aiohttp.web.Request) -> _Gate | None:
@@ -340,10 +368,12 @@ class _Gate(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.peer = transport.get_extra_info("peername")
+        self.active = time.monotonic()
         if not self.connections.admit(self):
-            self.handler = None
             transport.close()
             return
+        self.transport = transport if isinstance(transport, asyncio.Transport) else None
+        self.handler = self.server()
         self.handler.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -369,17 +399,28 @@ class _Gate(asyncio.Protocol):
             self.handler.resume_writing()
 
     def close(self) -> None:
-        if self.handler is not None:
+        """Closed to make room: at once if it has sent no request (TLS's goodbye would keep it
+        for up to 30 s more, waiting on a client that reads nothing), as aiohttp closes otherwise."""
+        if not self.served and self.transport is not None:
+            self.transport.abort()
+        elif self.handler is not None:
             self.handler.force_close()
 
 
 class _Connections:
     """The open connections, at most ``limit``.
 
-    At the limit a new connection closes the one idle the longest, if idle for ``min_idle`` —
-    idle API server connections are reopened at once, and any other client holding connections
-    open cannot lock the API server out this way. When every connection is busy with a request or
-    was active a moment ago (``MIN_IDLE_TO_EVICT``), the new one is closed.
+    At the limit a new connection closes another, the first of:
+
+    1. one that has sent no request since it was opened ``min_idle`` ago or more, the oldest:
+       a client holding connections open to lock the API server out loses them first;
+    2. one idle between requests for ``min_idle`` or more, the longest: the API server opens it
+       again if it needs it (a connection idle for less is about to be reused, issue 12);
+    3. one that has sent no request yet, opened less than ``min_idle`` ago, the oldest: the
+       newcomer is as likely the API server's, and no client that means to send a request waits
+       to — so connections opened in a rush to fill the cap cannot refuse the API server's.
+
+    When every connection is busy with a request or answered one a moment ago, the new one is closed.
     """
 
     def __init__(self, limit: int, throttle: _Throttle, min_idle: float = MIN_IDLE_TO_EVICT) -> None:
@@ -390,19 +431,31 @@ class _Connections:
 
     def admit(self, gate: _Gate) -> bool:
         if len(self.open) >= self.limit:
-            idle = min((g for g in self.open if not g.busy), key=lambda g: g.active, default=None)
-            if idle is None or time.monotonic() - idle.active < self.min_idle:
+            victim = self._victim()
+            if victim is None:
                 self.throttle.log("refused", logging.WARNING, "Refused a webhook connection from %s: all %d "
-                                  "connections are answering requests or were active in the last %g s "
+                                  "connections are answering requests or answered one in the last %g s "
                                   "(AP_MAX_CONNECTIONS)", gate.peer, self.limit, self.min_idle)
                 return False
-            self.throttle.log("evicted", logging.WARNING, "Closed the longest-idle webhook connection (from %s) "
-                              "to admit one from %s: %d connections open (AP_MAX_CONNECTIONS)",
-                              idle.peer, gate.peer, self.limit)
-            self.discard(idle)
-            idle.close()
+            idle = "that has sent no request" if not victim.served else "idle between requests"
+            self.throttle.log("evicted", logging.WARNING, "Closed the longest-idle webhook connection (from %s, "
+                              "%s) to admit one from %s: %d connections open (AP_MAX_CONNECTIONS)",
+                              victim.peer, idle, gate.peer, self.limit)
+            self.discard(victim)
+            victim.close()
         self.open.add(gate)
         return True
+
+    def _victim(self) -> _Gate | None:
+        """The connection to close for a newcomer, as the class says; None if none may be."""
+        now = time.monotonic()
+
+        def rank(gate: _Gate) -> tuple[int, float]:
+            settled = now - gate.active >= self.min_idle
+            return (0 if settled else 2) if not gate.served else 1, gate.active
+
+        candidates = (g for g in self.open if not g.busy and (not g.served or now - g.active >= self.min_idle))
+        return min(candidates, key=rank, default=None)
 
     def discard(self, gate: _Gate) -> None:
         self.open.discard(gate)

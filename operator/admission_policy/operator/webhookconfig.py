@@ -9,99 +9,47 @@ something differs.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from admission_policy.operator.settings import OperatorSettings
+from ..cluster.discovery import DiscoveredResource
+from ..cluster.routing import (
+    CRDS,
+    DOMAIN,
+    EXEMPT_LABEL,
+    OWN_CRDS,
+    RouteRule,
+    ServedIndex,
+    expand,
+    plural,
+)
+from .config import OperatorConfig
 
 logger = logging.getLogger(__name__)
 
-FailurePolicy = Literal["Fail", "Ignore"]
-
-DOMAIN = "policy-operator.dev"
 VALIDATE_PATH = "/validate"  # Kopf routes on the last path segment: handler id "validate"
 MUTATE_PATH = "/mutate"  # handler id "mutate"
 VALIDATE_POLICY_PATH = "/validate-policy"  # handler id "validate-policy"
 POLICY_WEBHOOK_NAME = f"policies.validate.{DOMAIN}"
-EXEMPT_LABEL = f"{DOMAIN}/exempt"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 ALL_OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 MAX_CONFLICT_RETRIES = 5
 
-# Resources the webhooks never see: routing them could deadlock the cluster (leases, webhook
-# configurations), flood the operator (events), is meaningless (review "virtual" resources), or
-# would let a policy judge the objects that fix it: AdmissionPolicies (a wildcard policy would
-# otherwise refuse its own repair, its deletion and the operator's status writes, issue 18) and
-# Kopf's peering objects, which the replicas must write to elect the reconciler.
-NEVER_ROUTED: frozenset[tuple[str, str]] = frozenset(
-    {
-        (DOMAIN, "admissionpolicies"),
-        ("kopf.dev", "clusterkopfpeerings"),
-        ("kopf.dev", "kopfpeerings"),
-        ("coordination.k8s.io", "leases"),
-        ("", "events"),
-        ("events.k8s.io", "events"),
-        ("authentication.k8s.io", "tokenreviews"),
-        ("authentication.k8s.io", "selfsubjectreviews"),
-        ("authorization.k8s.io", "subjectaccessreviews"),
-        ("authorization.k8s.io", "selfsubjectaccessreviews"),
-        ("authorization.k8s.io", "localsubjectaccessreviews"),
-        ("authorization.k8s.io", "selfsubjectrulesreviews"),
-        ("admissionregistration.k8s.io", "validatingwebhookconfigurations"),
-        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"),
-        ("admissionregistration.k8s.io", "validatingadmissionpolicies"),
-        ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"),
-    }
-)
-
-# The CRDs of the objects above. Webhook rules cannot name objects, and routing no CRD at all
-# would take every CRD away from policies, so the webhooks that route CRDs skip these by name in a
-# matchCondition (and the handler skips them too, for API servers without matchConditions).
-CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
-OWN_CRDS: tuple[str, ...] = (f"admissionpolicies.{DOMAIN}", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
 NOT_OWN_CRD = {
     "name": "not-the-operators-own-crds",
     "expression": (f"!(request.resource.group == '{CRDS[0]}' && request.resource.resource == '{CRDS[1]}'"
                    f" && request.name in [{', '.join(repr(name) for name in OWN_CRDS)}])"),
 }
 
-NOT_SERVED = "(not served by the cluster)"   # how unserved_resources marks what discovery lacks
-
-
-@dataclasses.dataclass(frozen=True)
-class RouteRule:
-    """One ``match.resources`` entry of a loaded policy: what the webhooks must send us."""
-
-    api_groups: tuple[str, ...]
-    api_versions: tuple[str, ...]
-    resources: tuple[str, ...]  # "pods", "*", "pods/exec", "*/status", "pods/*"
-    operations: tuple[str, ...]  # CREATE | UPDATE | DELETE | CONNECT | "*"
-    failure_policy: FailurePolicy
-    mutating: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class DiscoveredResource:
-    """A served resource at its group's preferred version, as discovery reports it."""
-
-    group: str
-    version: str
-    resource: str  # the plural, without subresource
-    subresources: tuple[str, ...] = ()
-    namespaced: bool = True
-    kind: str = ""   # for paramKind → resource (operator/sources.py)
-
-
 # (group, version, resource-with-optional-subresource) → operations
 _Atoms = dict[tuple[str, str, str], set[str]]
 
 
 def build_validating_configuration(
-    settings: OperatorSettings,
+    settings: OperatorConfig,
     ca_bundle: str,
     routes: Collection[RouteRule],
     discovered: Collection[DiscoveredResource],
@@ -113,7 +61,7 @@ def build_validating_configuration(
 
 
 def build_mutating_configuration(
-    settings: OperatorSettings,
+    settings: OperatorConfig,
     ca_bundle: str,
     routes: Collection[RouteRule],
     discovered: Collection[DiscoveredResource],
@@ -121,57 +69,6 @@ def build_mutating_configuration(
     """The MutatingWebhookConfiguration; it has no webhooks when no policy mutates."""
     webhooks = _routed_webhooks(settings, ca_bundle, routes, discovered, mutating=True)
     return _configuration("MutatingWebhookConfiguration", settings, webhooks)
-
-
-def unserved_resources(routes: Iterable[RouteRule], discovered: Collection[DiscoveredResource]) -> list[str]:
-    """Describe the routes' group/resources that will not reach us (the policy goes Degraded).
-
-    That is: explicit resources the cluster does not serve, wildcards that match nothing, and
-    explicitly named never-routed resources (a policy naming them would silently never run).
-    """
-    index = _Discovery(discovered)
-    problems: dict[str, None] = {}
-    for route in routes:
-        for group in route.api_groups:
-            for resource in route.resources:
-                if group != "*" and _plural(resource) != "*" and (group, _plural(resource)) in NEVER_ROUTED:
-                    problems[f"{_display(group, resource)} (never sent to admission webhooks)"] = None
-                elif not _served(group, resource, index):
-                    problems[f"{_display(group, resource)} {NOT_SERVED}"] = None
-    return sorted(problems)
-
-
-def listable_resources(routes: Iterable[RouteRule], discovered: Collection[DiscoveredResource],
-                       operation: str = "CREATE") -> list[DiscoveredResource]:
-    """The served main resources these routes send for ``operation`` (or ``*``), as the webhook
-    rules expand them (wildcards from discovery, never the never-routed ones): what the background
-    audit lists."""
-    index = _Discovery(discovered)
-    found: dict[tuple[str, str], DiscoveredResource] = {}
-    for route in routes:
-        if operation not in route.operations and "*" not in route.operations:
-            continue
-        for group in route.api_groups:
-            for resource in route.resources:
-                for target_group, _, target in _expand(group, resource, route.api_versions, index):
-                    served = index.by_key.get((target_group, target))   # a subresource is not listed
-                    if served is not None:
-                        found[target_group, target] = served
-    return [found[key] for key in sorted(found)]
-
-
-def never_judged(settings: OperatorSettings, group: str, resource: str, namespace: str, name: str) -> bool:
-    """A request no user policy may decide, should the API server send it anyway (a webhook
-    configuration edited by hand, an API server without matchConditions): the same exclusions
-    as the webhooks' rules, namespaceSelector and matchConditions."""
-    if (group, resource) in NEVER_ROUTED:
-        return True
-    if (group, resource) == CRDS:
-        return name in OWN_CRDS
-    def exempt(name: str) -> bool:   # settings.all_exempt_namespaces, without building it per request
-        return name == settings.namespace or name in settings.exempt_namespaces
-
-    return exempt(namespace) or (group == "" and resource == "namespaces" and exempt(name))
 
 
 class WebhookConfigurationsApi(Protocol):
@@ -211,7 +108,7 @@ async def apply_configurations(
 # ---- building -------------------------------------------------------------------------------
 
 
-def _configuration(kind: str, settings: OperatorSettings, webhooks: list[dict[str, Any]]) -> dict[str, Any]:
+def _configuration(kind: str, settings: OperatorConfig, webhooks: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": kind,
@@ -231,7 +128,7 @@ SPEC_WRITTEN = ("request.operation == 'CREATE' || (!has(object.metadata.deletion
                 " && (has(object.spec) != has(oldObject.spec) || (has(object.spec) && object.spec != oldObject.spec)))")
 
 
-def _policy_webhook(settings: OperatorSettings, ca_bundle: str) -> dict[str, Any]:
+def _policy_webhook(settings: OperatorConfig, ca_bundle: str) -> dict[str, Any]:
     # CREATE/UPDATE only, so deleting a policy never depends on the operator being up.
     # AdmissionPolicy is cluster-scoped: no namespaceSelector; no objectSelector either,
     # so the exempt label cannot smuggle in a policy whose CEL does not compile.
@@ -257,14 +154,14 @@ def _policy_webhook(settings: OperatorSettings, ca_bundle: str) -> dict[str, Any
 
 
 def _routed_webhooks(
-    settings: OperatorSettings,
+    settings: OperatorConfig,
     ca_bundle: str,
     routes: Collection[RouteRule],
     discovered: Collection[DiscoveredResource],
     *,
     mutating: bool,
 ) -> list[dict[str, Any]]:
-    index = _Discovery(discovered)
+    index = ServedIndex(discovered)
     fail = _atoms([r for r in routes if r.mutating == mutating and r.failure_policy == "Fail"], index)
     ignore = _atoms([r for r in routes if r.mutating == mutating and r.failure_policy == "Ignore"], index)
     # A request the Fail webhook already sends us needs no second call from the Ignore one:
@@ -303,7 +200,7 @@ def _routed_webhooks(
             if object_selector:
                 webhook["objectSelector"] = {
                     "matchExpressions": [{"key": EXEMPT_LABEL, "operator": "NotIn", "values": ["true"]}]}
-            if any((group, _plural(resource)) == CRDS for group, _, resource in part):
+            if any((group, plural(resource)) == CRDS for group, _, resource in part):
                 webhook["matchConditions"] = [dict(NOT_OWN_CRD)]
             if mutating:
                 webhook["reinvocationPolicy"] = "IfNeeded"
@@ -326,7 +223,7 @@ def _split_connect(atoms: _Atoms) -> tuple[_Atoms, _Atoms]:
     return objects, connects
 
 
-def _client_config(settings: OperatorSettings, ca_bundle: str, path: str) -> dict[str, Any]:
+def _client_config(settings: OperatorConfig, ca_bundle: str, path: str) -> dict[str, Any]:
     encoded = base64.b64encode(ca_bundle.encode("ascii")).decode("ascii")
     if settings.advertised_url:
         return {"url": f"{settings.advertised_url}{path}", "caBundle": encoded}
@@ -364,12 +261,12 @@ def _sorted_operations(operations: set[str]) -> tuple[str, ...]:
     return tuple(sorted(operations))
 
 
-def _atoms(routes: Iterable[RouteRule], index: _Discovery) -> _Atoms:
+def _atoms(routes: Iterable[RouteRule], index: ServedIndex) -> _Atoms:
     atoms: _Atoms = {}
     for route in routes:
         for group in route.api_groups:
             for resource in route.resources:
-                for target in _expand(group, resource, route.api_versions, index):
+                for target in expand(group, resource, route.api_versions, index):
                     atoms.setdefault(target, set()).update(route.operations)
     return atoms
 
@@ -386,66 +283,6 @@ def _subtract(atoms: _Atoms, covered: _Atoms) -> _Atoms:
 
 def _explicit(operations: set[str]) -> set[str]:
     return set(ALL_OPERATIONS) if "*" in operations else set(operations)
-
-
-class _Discovery:
-    """Discovery indexed by group and by (group, resource)."""
-
-    def __init__(self, discovered: Iterable[DiscoveredResource]) -> None:
-        self.by_key = {(d.group, d.resource): d for d in discovered}
-        self.groups = sorted({group for group, _ in self.by_key})
-
-
-def _expand(group: str, resource: str, versions: Iterable[str], index: _Discovery) -> list[tuple[str, str, str]]:
-    """Concrete (group, version, resource[/sub]) targets of one group x resource pair.
-
-    Wildcards expand from discovery at preferred versions and skip the never-routed list.
-    An explicit resource is kept as written, at its group's preferred version when discovery
-    knows it: Kopf serves only the preferred version, and matchPolicy Equivalent makes the API
-    server convert the others. An undiscovered one (a CRD not installed yet) keeps its versions.
-    """
-    plural, _, sub = resource.partition("/")
-    if group != "*" and plural != "*":
-        if (group, plural) in NEVER_ROUTED:
-            return []
-        found = index.by_key.get((group, plural))
-        if found is not None:
-            return [(group, found.version, resource)]
-        return [(group, version, resource) for version in versions]
-
-    targets = []
-    for found in _candidates(group, plural, index):
-        if (found.group, found.resource) in NEVER_ROUTED:
-            continue
-        if not sub:
-            targets.append((found.group, found.version, found.resource))
-        elif sub == "*":
-            targets += [(found.group, found.version, f"{found.resource}/{s}") for s in found.subresources]
-        elif sub in found.subresources:
-            targets.append((found.group, found.version, f"{found.resource}/{sub}"))
-    return targets
-
-
-def _served(group: str, resource: str, index: _Discovery) -> bool:
-    """Whether discovery has anything routable for this group x resource pair."""
-    plural, _, sub = resource.partition("/")
-    if group != "*" and plural != "*":
-        found = index.by_key.get((group, plural))
-        return found is not None and (not sub or sub == "*" or sub in found.subresources)
-    return bool(_expand(group, resource, (), index))
-
-
-def _candidates(group: str, plural: str, index: _Discovery) -> list[DiscoveredResource]:
-    groups = set(index.groups) if group == "*" else {group}
-    return [d for (g, p), d in sorted(index.by_key.items()) if g in groups and (plural == "*" or p == plural)]
-
-
-def _plural(resource: str) -> str:
-    return resource.partition("/")[0]
-
-
-def _display(group: str, resource: str) -> str:
-    return f"{resource}.{group}" if group else resource
 
 
 # ---- applying -------------------------------------------------------------------------------

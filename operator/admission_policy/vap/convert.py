@@ -30,11 +30,11 @@ from .objects import (
     POLICY,
     VERSIONS,
     Binding,
-    Invalid,
     MatchResources,
     Origin,
     Policy,
     Validation,
+    VapObjectError,
     origin_of,
     read_binding,
     read_policy,
@@ -58,11 +58,14 @@ class Problem:
 
 @dataclasses.dataclass
 class Conversion:
+    """What ``convert`` made of the objects, and what it could not carry over faithfully: each
+    problem is reported (the CLI exits 2 for any), never silently approximated."""
     policies: list[dict[str, Any]] = dataclasses.field(default_factory=list)   # AdmissionPolicy objects
     problems: list[Problem] = dataclasses.field(default_factory=list)          # each one: not faithful
     notices: list[str] = dataclasses.field(default_factory=list)               # faithful, but worth saying
 
     def problem(self, origin: Origin, path: str, message: str) -> None:
+        """Record a problem once, however many bindings of the policy meet it."""
         found = Problem(origin, path, message)
         if found not in self.problems:
             self.problems.append(found)
@@ -116,7 +119,7 @@ def _read_all(objects: Iterable[tuple[str, Mapping[str, Any]]], result: Conversi
                     bindings.append(read_binding(source, body, version))
                 else:
                     policies[origin.name] = read_policy(source, body)
-            except Invalid as exc:
+            except VapObjectError as exc:
                 result.problem(origin, exc.path, exc.message)
                 if origin.kind == POLICY:
                     unreadable.add(origin.name)

@@ -63,6 +63,7 @@ def _side_condition(side: MatchResources) -> str:
 
 
 def namespace_selector(policy: MatchResources, binding: MatchResources) -> Selector:
+    """The namespaces both sides select: the API server applies both selectors."""
     return both(policy.namespace_selector, binding.namespace_selector)
 
 

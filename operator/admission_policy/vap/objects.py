@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from ..errors import AdmissionPolicyError
 from .rules import ANY, OPERATIONS, SCOPES, Rule, split_resource
 from .selectors import OPERATORS, Requirement, Selector
 
@@ -52,8 +53,8 @@ class Origin:
         return f"{self.source}: {self.kind}" + (f" {self.name!r}" if self.name else "")
 
 
-class Invalid(Exception):
-    """An object that cannot be read, naming the field."""
+class VapObjectError(AdmissionPolicyError):
+    """An object that cannot be read, naming the field: ``convert`` reports it as a problem."""
 
     def __init__(self, path: str, message: str) -> None:
         super().__init__(f"{path}: {message}")
@@ -72,6 +73,7 @@ class MatchResources:
 
 @dataclasses.dataclass(frozen=True)
 class Validation:
+    """A ValidatingAdmissionPolicy's validation, with the API server's default reason filled in."""
     expression: str
     message: str | None
     message_expression: str | None
@@ -80,6 +82,8 @@ class Validation:
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
+    """A ValidatingAdmissionPolicy as read, at any version; alone it judges nothing: each
+    binding makes one AdmissionPolicy of it."""
     origin: Origin
     failure_policy: str
     param_kind: tuple[str, str] | None      # (apiVersion, kind)
@@ -92,6 +96,7 @@ class Policy:
 
 @dataclasses.dataclass(frozen=True)
 class ParamRef:
+    """A binding's paramRef, checked as the API server does (exactly one of name and selector)."""
     name: str | None
     namespace: str | None
     selector: Selector | None
@@ -100,6 +105,8 @@ class ParamRef:
 
 @dataclasses.dataclass(frozen=True)
 class Binding:
+    """A ValidatingAdmissionPolicyBinding as read: which policy, with which params, where
+    (``match`` narrows the policy's), and what a failure does (``actions``)."""
     origin: Origin
     policy_name: str
     param_ref: ParamRef | None
@@ -114,6 +121,7 @@ def version_of(body: Mapping[str, Any]) -> str | None:
 
 
 def origin_of(source: str, body: Mapping[str, Any]) -> Origin:
+    """Where an object came from, for messages; never fails, however malformed the object."""
     metadata = body.get("metadata")
     name = metadata.get("name") if isinstance(metadata, Mapping) else None
     return Origin(source, str(body.get("kind", "")), name if isinstance(name, str) else "")
@@ -129,15 +137,15 @@ def read_policy(source: str, body: Mapping[str, Any]) -> Policy:
         param_kind = (_text(raw.get("apiVersion"), "spec.paramKind.apiVersion", required=True),
                       _text(raw.get("kind"), "spec.paramKind.kind", required=True))
     if spec.get("matchConstraints") is None:
-        raise Invalid("spec.matchConstraints", "is required")
+        raise VapObjectError("spec.matchConstraints", "is required")
     match = _match(spec["matchConstraints"], "spec.matchConstraints")
     if not match.rules:
-        raise Invalid("spec.matchConstraints.resourceRules", "is required (at least one rule)")
+        raise VapObjectError("spec.matchConstraints.resourceRules", "is required (at least one rule)")
     validations = tuple(_validation(item, f"spec.validations[{i}]")
                         for i, item in enumerate(_list(spec.get("validations"), "spec.validations")))
     annotations = _annotation_keys(spec.get("auditAnnotations"), "spec.auditAnnotations")
     if not validations and not annotations:
-        raise Invalid("spec.validations", "validations or auditAnnotations must contain at least one item")
+        raise VapObjectError("spec.validations", "validations or auditAnnotations must contain at least one item")
     return Policy(
         origin=origin,
         failure_policy=_choice(spec.get("failurePolicy"), "spec.failurePolicy", ("Fail", "Ignore"), "Fail"),
@@ -157,11 +165,12 @@ def read_binding(source: str, body: Mapping[str, Any], version: str) -> Binding:
     actions = tuple(_choice(action, f"spec.validationActions[{i}]", ACTIONS, None)
                     for i, action in enumerate(_list(spec.get("validationActions"), "spec.validationActions")))
     if not actions:
-        raise Invalid("spec.validationActions", "is required: at least one of Deny, Warn, Audit")
+        raise VapObjectError("spec.validationActions", "is required: at least one of Deny, Warn, Audit")
     if len(set(actions)) < len(actions):
-        raise Invalid("spec.validationActions", f"{list(actions)} names an action twice")
+        raise VapObjectError("spec.validationActions", f"{list(actions)} names an action twice")
     if {"Deny", "Warn"} <= set(actions):
-        raise Invalid("spec.validationActions", "must not contain both Deny and Warn (the API server refuses it)")
+        raise VapObjectError("spec.validationActions",
+                             "must not contain both Deny and Warn (the API server refuses it)")
     match = None
     if spec.get("matchResources") is not None:
         match = _match(spec["matchResources"], "spec.matchResources")
@@ -173,7 +182,7 @@ def _checked_origin(source: str, body: Mapping[str, Any]) -> Origin:
     _fields(body, "", "object")
     origin = origin_of(source, body)
     if not origin.name:
-        raise Invalid("metadata.name", "is required")
+        raise VapObjectError("metadata.name", "is required")
     return origin
 
 
@@ -185,7 +194,7 @@ def _param_ref(value: Any, version: str) -> ParamRef | None:
     name = _text(raw.get("name"), f"{path}.name") or None
     selector = None if raw.get("selector") is None else _selector(raw["selector"], f"{path}.selector")
     if (name is None) == (selector is None):
-        raise Invalid(path, "needs exactly one of name or selector")
+        raise VapObjectError(path, "needs exactly one of name or selector")
     # v1alpha1 defaults it to Deny; v1beta1 and v1 require it.
     default = "Deny" if version == "v1alpha1" else None
     action = _choice(raw.get("parameterNotFoundAction"), f"{path}.parameterNotFoundAction", ("Allow", "Deny"),
@@ -222,7 +231,7 @@ def _selector(value: Any, path: str) -> Selector:
     raw = _fields(value, path, "selector")
     labels = raw.get("matchLabels") or {}
     if not isinstance(labels, Mapping):
-        raise Invalid(f"{path}.matchLabels", "must be a map of label keys to values")
+        raise VapObjectError(f"{path}.matchLabels", "must be a map of label keys to values")
     pairs = tuple((_string(key, f"{path}.matchLabels"), _string(text, f"{path}.matchLabels.{key}"))
                   for key, text in labels.items())
     requirements = []
@@ -232,8 +241,8 @@ def _selector(value: Any, path: str) -> Selector:
         operator = _choice(requirement.get("operator"), f"{where}.operator", OPERATORS, None)
         values = _texts(requirement.get("values"), f"{where}.values")
         if (operator in ("In", "NotIn")) != bool(values):
-            raise Invalid(f"{where}.values", f"must be {'given' if operator in ('In', 'NotIn') else 'empty'} "
-                                             f"with operator {operator}")
+            needed = "given" if operator in ("In", "NotIn") else "empty"
+            raise VapObjectError(f"{where}.values", f"must be {needed} with operator {operator}")
         requirements.append(Requirement(_text(requirement.get("key"), f"{where}.key", required=True),
                                         operator, values))
     return Selector(pairs, tuple(requirements))
@@ -268,15 +277,15 @@ def _named(value: Any, path: str) -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
-# Small typed readers; each raises Invalid naming the field.
+# Small typed readers; each raises VapObjectError naming the field.
 
 def _fields(value: Any, path: str, shape: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
-        raise Invalid(path or "(the object)", f"must be an object, got {_type_name(value)}")
+        raise VapObjectError(path or "(the object)", f"must be an object, got {_type_name(value)}")
     unknown = sorted(str(key) for key in value if key not in _FIELDS[shape])
     if unknown:
         where = f"{path}.{unknown[0]}" if path else unknown[0]
-        raise Invalid(where, f"unknown field (known here: {', '.join(sorted(_FIELDS[shape]))})")
+        raise VapObjectError(where, f"unknown field (known here: {', '.join(sorted(_FIELDS[shape]))})")
     return value
 
 
@@ -284,7 +293,7 @@ def _list(value: Any, path: str) -> Sequence[Any]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise Invalid(path, f"must be a list, got {_type_name(value)}")
+        raise VapObjectError(path, f"must be a list, got {_type_name(value)}")
     return value
 
 
@@ -294,7 +303,7 @@ def _text(value: Any, path: str, *, required: bool = False) -> str:
         return ""
     text = _string(value, path)
     if required and not text.strip():
-        raise Invalid(path, "is required")
+        raise VapObjectError(path, "is required")
     return text
 
 
@@ -302,13 +311,13 @@ def _texts(value: Any, path: str, *, required: bool = False) -> tuple[str, ...]:
     """A list of strings ("" is one: the core API group); ``required``: with at least one."""
     items = tuple(_string(item, f"{path}[{i}]") for i, item in enumerate(_list(value, path)))
     if required and not items:
-        raise Invalid(path, 'is required (at least one entry; "*" for all)')
+        raise VapObjectError(path, 'is required (at least one entry; "*" for all)')
     return items
 
 
 def _string(value: Any, path: str) -> str:
     if not isinstance(value, str):
-        raise Invalid(path, f"must be a string, got {_type_name(value)}")
+        raise VapObjectError(path, f"must be a string, got {_type_name(value)}")
     return value
 
 
@@ -317,7 +326,7 @@ def _choice(value: Any, path: str, allowed: Sequence[str], default: str | None) 
         return default
     if value not in allowed:
         got = "nothing (it is required)" if value is None else repr(value)
-        raise Invalid(path, f"must be one of {', '.join(allowed)}, got {got}")
+        raise VapObjectError(path, f"must be one of {', '.join(allowed)}, got {got}")
     return str(value)
 
 

@@ -30,6 +30,7 @@ _ERROR: Final = re.compile(r"<input>:(\d+):(\d+): (.*)")
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
+    """One thing about a policy, at the field it concerns."""
     path: str
     message: str
 
@@ -39,6 +40,8 @@ class Finding:
 
 @dataclasses.dataclass(frozen=True)
 class Portability:
+    """``lint``'s answer to "could this run as a ValidatingAdmissionPolicy, and from which
+    Kubernetes on": portable when nothing blocks it."""
     blockers: tuple[Finding, ...] = ()   # what a ValidatingAdmissionPolicy cannot do
     notes: tuple[Finding, ...] = ()      # what ports with a translation, or behaves otherwise
     needs: tuple[Finding, ...] = ()      # expressions that need a Kubernetes newer than BASELINE
@@ -49,6 +52,7 @@ class Portability:
         return not self.blockers
 
     def as_json(self) -> dict[str, Any]:
+        """For ``lint -o json``: findings as their message text."""
         return {"portable": self.portable, "kubernetes": self.kubernetes,
                 "blockers": [str(f) for f in self.blockers], "needs": [str(f) for f in self.needs],
                 "notes": [str(f) for f in self.notes]}

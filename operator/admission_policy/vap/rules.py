@@ -56,6 +56,7 @@ class Rule:
         return dataclasses.replace(self, scope=ANY, names=())
 
     def any_version(self) -> Rule:
+        """The rule at every version: how routing must read a matchPolicy Exact rule."""
         return dataclasses.replace(self, versions=(ANY,))
 
 

@@ -17,6 +17,8 @@ OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist")
 
 @dataclasses.dataclass(frozen=True)
 class Requirement:
+    """One ``matchExpressions`` item, as the API server accepts it (``values`` empty for
+    Exists and DoesNotExist)."""
     key: str
     operator: str
     values: tuple[str, ...] = ()
@@ -33,6 +35,7 @@ class Selector:
         return not self.labels and not self.expressions
 
     def as_yaml(self) -> dict[str, Any]:
+        """The selector as an object writes it (empty parts left out)."""
         body: dict[str, Any] = {}
         if self.labels:
             body["matchLabels"] = dict(self.labels)

@@ -1,0 +1,204 @@
+"""Which API requests reach the webhooks: the policies' routes, as discovery expands them.
+
+The webhook configurations, the background audit and the CLI's cluster audit must agree on what
+admission judges, or the audit would report objects the webhooks never see (and miss some they
+do); so the expansion lives here once and each of them reads it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Iterable
+from typing import Literal, Protocol
+
+from ..engine import CompiledPolicy
+from .discovery import DiscoveredResource
+
+FailurePolicy = Literal["Fail", "Ignore"]
+
+DOMAIN = "policy-operator.dev"
+EXEMPT_LABEL = f"{DOMAIN}/exempt"
+
+# Resources the webhooks never see: routing them could deadlock the cluster (leases, webhook
+# configurations), flood the operator (events), is meaningless (review "virtual" resources), or
+# would let a policy judge the objects that fix it: AdmissionPolicies (a wildcard policy would
+# otherwise refuse its own repair, its deletion and the operator's status writes, issue 18) and
+# Kopf's peering objects, which the replicas must write to elect the reconciler.
+NEVER_ROUTED: frozenset[tuple[str, str]] = frozenset(
+    {
+        (DOMAIN, "admissionpolicies"),
+        ("kopf.dev", "clusterkopfpeerings"),
+        ("kopf.dev", "kopfpeerings"),
+        ("coordination.k8s.io", "leases"),
+        ("", "events"),
+        ("events.k8s.io", "events"),
+        ("authentication.k8s.io", "tokenreviews"),
+        ("authentication.k8s.io", "selfsubjectreviews"),
+        ("authorization.k8s.io", "subjectaccessreviews"),
+        ("authorization.k8s.io", "selfsubjectaccessreviews"),
+        ("authorization.k8s.io", "localsubjectaccessreviews"),
+        ("authorization.k8s.io", "selfsubjectrulesreviews"),
+        ("admissionregistration.k8s.io", "validatingwebhookconfigurations"),
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"),
+        ("admissionregistration.k8s.io", "validatingadmissionpolicies"),
+        ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"),
+    }
+)
+
+# The CRDs of the objects above. Webhook rules cannot name objects, and routing no CRD at all
+# would take every CRD away from policies, so the webhooks that route CRDs skip these by name in a
+# matchCondition (and the handler skips them too, for API servers without matchConditions).
+CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
+OWN_CRDS: tuple[str, ...] = (f"admissionpolicies.{DOMAIN}", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
+NOT_SERVED = "(not served by the cluster)"   # how unserved_resources marks what discovery lacks
+
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteRule:
+    """One ``match.resources`` entry of a loaded policy: what the webhooks must send us."""
+
+    api_groups: tuple[str, ...]
+    api_versions: tuple[str, ...]
+    resources: tuple[str, ...]  # "pods", "*", "pods/exec", "*/status", "pods/*"
+    operations: tuple[str, ...]  # CREATE | UPDATE | DELETE | CONNECT | "*"
+    failure_policy: FailurePolicy
+    mutating: bool
+
+
+def routes(policy: CompiledPolicy, *, derived: bool = True) -> list[RouteRule]:
+    """What the webhooks must send for one policy: its rules, on the webhooks it uses; for a Pod
+    policy, also (``derived``) the workloads whose Pod templates it judges, so that they are
+    routed only while some policy needs them."""
+    return [
+        RouteRule(rule.api_groups, rule.api_versions, rule.resources, rule.operations,
+                  compiled.policy.failure_policy, mutating)
+        for compiled in ((policy, *policy.derived) if derived else (policy,))
+        for rule in compiled.policy.match.resources
+        for mutating, wanted in ((False, compiled.validations), (True, compiled.mutations)) if wanted
+    ]
+
+
+def all_routes(policies: Iterable[CompiledPolicy]) -> list[RouteRule]:
+    return [route for policy in policies for route in routes(policy)]
+
+
+
+class Exemptions(Protocol):
+    """What exempts namespaces from every policy (``OperatorConfig`` has it; the CLI builds one too)."""
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def exempt_namespaces(self) -> tuple[str, ...]: ...
+
+
+def unserved_resources(routes: Iterable[RouteRule], discovered: Collection[DiscoveredResource]) -> list[str]:
+    """Describe the routes' group/resources that will not reach us (the policy goes Degraded).
+
+    That is: explicit resources the cluster does not serve, wildcards that match nothing, and
+    explicitly named never-routed resources (a policy naming them would silently never run).
+    """
+    index = ServedIndex(discovered)
+    problems: dict[str, None] = {}
+    for route in routes:
+        for group in route.api_groups:
+            for resource in route.resources:
+                if group != "*" and plural(resource) != "*" and (group, plural(resource)) in NEVER_ROUTED:
+                    problems[f"{_display(group, resource)} (never sent to admission webhooks)"] = None
+                elif not _served(group, resource, index):
+                    problems[f"{_display(group, resource)} {NOT_SERVED}"] = None
+    return sorted(problems)
+
+
+def listable_resources(routes: Iterable[RouteRule], discovered: Collection[DiscoveredResource],
+                       operation: str = "CREATE") -> list[DiscoveredResource]:
+    """The served main resources these routes send for ``operation`` (or ``*``), as the webhook
+    rules expand them (wildcards from discovery, never the never-routed ones): what the background
+    audit lists."""
+    index = ServedIndex(discovered)
+    found: dict[tuple[str, str], DiscoveredResource] = {}
+    for route in routes:
+        if operation not in route.operations and "*" not in route.operations:
+            continue
+        for group in route.api_groups:
+            for resource in route.resources:
+                for target_group, _, target in expand(group, resource, route.api_versions, index):
+                    served = index.by_key.get((target_group, target))   # a subresource is not listed
+                    if served is not None:
+                        found[target_group, target] = served
+    return [found[key] for key in sorted(found)]
+
+
+def never_judged(exemptions: Exemptions, group: str, resource: str, namespace: str, name: str) -> bool:
+    """A request no user policy may decide, should the API server send it anyway (a webhook
+    configuration edited by hand, an API server without matchConditions): the same exclusions
+    as the webhooks' rules, namespaceSelector and matchConditions."""
+    if (group, resource) in NEVER_ROUTED:
+        return True
+    if (group, resource) == CRDS:
+        return name in OWN_CRDS
+    def exempt(name: str) -> bool:   # all_exempt_namespaces, without building it per request
+        return name == exemptions.namespace or name in exemptions.exempt_namespaces
+
+    return exempt(namespace) or (group == "" and resource == "namespaces" and exempt(name))
+
+
+class ServedIndex:
+    """Discovery indexed by group and by (group, resource)."""
+
+    def __init__(self, discovered: Iterable[DiscoveredResource]) -> None:
+        self.by_key = {(d.group, d.resource): d for d in discovered}
+        self.groups = sorted({group for group, _ in self.by_key})
+
+
+def expand(group: str, resource: str, versions: Iterable[str], index: ServedIndex) -> list[tuple[str, str, str]]:
+    """Concrete (group, version, resource[/sub]) targets of one group x resource pair.
+
+    Wildcards expand from discovery at preferred versions and skip the never-routed list.
+    An explicit resource is kept as written, at its group's preferred version when discovery
+    knows it: Kopf serves only the preferred version, and matchPolicy Equivalent makes the API
+    server convert the others. An undiscovered one (a CRD not installed yet) keeps its versions.
+    """
+    plural, _, sub = resource.partition("/")
+    if group != "*" and plural != "*":
+        if (group, plural) in NEVER_ROUTED:
+            return []
+        found = index.by_key.get((group, plural))
+        if found is not None:
+            return [(group, found.version, resource)]
+        return [(group, version, resource) for version in versions]
+
+    targets = []
+    for found in _candidates(group, plural, index):
+        if (found.group, found.resource) in NEVER_ROUTED:
+            continue
+        if not sub:
+            targets.append((found.group, found.version, found.resource))
+        elif sub == "*":
+            targets += [(found.group, found.version, f"{found.resource}/{s}") for s in found.subresources]
+        elif sub in found.subresources:
+            targets.append((found.group, found.version, f"{found.resource}/{sub}"))
+    return targets
+
+
+def _served(group: str, resource: str, index: ServedIndex) -> bool:
+    """Whether discovery has anything routable for this group x resource pair."""
+    plural, _, sub = resource.partition("/")
+    if group != "*" and plural != "*":
+        found = index.by_key.get((group, plural))
+        return found is not None and (not sub or sub == "*" or sub in found.subresources)
+    return bool(expand(group, resource, (), index))
+
+
+def _candidates(group: str, plural: str, index: ServedIndex) -> list[DiscoveredResource]:
+    groups = set(index.groups) if group == "*" else {group}
+    return [d for (g, p), d in sorted(index.by_key.items()) if g in groups and (plural == "*" or p == plural)]
+
+
+def plural(resource: str) -> str:
+    return resource.partition("/")[0]
+
+
+def _display(group: str, resource: str) -> str:
+    return f"{resource}.{group}" if group else resource
