@@ -185,7 +185,8 @@ async def test_a_task_dying_for_good_is_named_by_the_probes_failing_them_if_answ
         _, text = await op.wait_for(lambda: get_when(f"{health}/readyz", status, task), timeout=20)
         assert text.startswith(f"{readiness} background task '{task}' stopped: died 8 times"), text
         liveness, text = await get(f"{health}/healthz")
-        assert (liveness, f"background task '{task}' stopped" in text) == ((503, True) if status == 503 else (200, False))
+        named = f"background task '{task}' stopped" in text
+        assert (liveness, named) == ((503, True) if status == 503 else (200, False))
 
 
 async def get_when(url: str, status: int, text: str = "") -> tuple[int, str] | None:
