@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import socket
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -19,14 +18,10 @@ EXAMPLES = REPO / "examples"
 HARNESS = REPO / "tests" / "operator"     # the kmock emulator harness (test code, reused here)
 HOST = "127.0.0.1"                         # every socket of the bench, servers and clients alike
 
+sys.path.insert(0, str(REPO / "tests"))
+
 SERVER_CORE = 0    # the server under test gets this core to itself while it is measured
 CLIENT_CORE = 1    # load generator, emulator and orchestrator share the other one
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 def pin(core: int) -> int:

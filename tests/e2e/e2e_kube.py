@@ -27,10 +27,11 @@ import pykube
 import pytest
 import requests
 import yaml
-from envtest import die_with_parent, free_ports
+from envtest import die_with_parent
 from pykube.objects import APIObject, NamespacedAPIObject
 
 import builders
+from ports import free_ports
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

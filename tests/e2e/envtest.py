@@ -22,7 +22,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -36,6 +35,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from ports import free_ports
 
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
 # ValidatingAdmissionPolicy is beta in 1.28, off by default: the parity test compares our policies
@@ -58,18 +59,6 @@ def die_with_parent() -> None:
 
 def missing_binaries(assets: pathlib.Path) -> list[str]:
     return [name for name in BINARIES if not os.access(assets / name, os.X_OK)]
-
-
-def free_ports(count: int, host: str = "") -> list[int]:
-    """Ports free on ``host`` ("": every address) right now (bound together, so they differ)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind((host, 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 # --- certificates ------------------------------------------------------------------------------------------

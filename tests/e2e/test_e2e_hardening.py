@@ -34,8 +34,9 @@ from e2e_kube import (
     policy_body,
     unique,
 )
-from envtest import free_ports
 from pykube.objects import APIObject
+
+from ports import free_ports
 
 pytestmark = pytest.mark.e2e
 

@@ -58,7 +58,6 @@ from e2e_kube import (
     policy_body,
     unique,
 )
-from envtest import free_ports
 from replicas import (
     BROKEN_CONNECTION,
     DOMAIN,
@@ -74,6 +73,8 @@ from replicas import (
     routed,
     webhooks,
 )
+
+from ports import free_ports
 
 pytestmark = pytest.mark.e2e
 

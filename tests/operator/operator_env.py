@@ -5,8 +5,6 @@ import base64
 import contextlib
 import json
 import pathlib
-import random
-import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -18,32 +16,11 @@ from emulator import ADMISSION_POLICIES, VALIDATING_WEBHOOK_CONFIGURATIONS, Emul
 
 from admission_policy import api
 from builders import AUTHENTICATED_ALICE, CREATE_POD_RULE, admission_request, container, pod, policy_body
+from ports import free_port
 
 MODULE = "admission_policy.operator.handlers"
 CONFIG_NAME = "admission-policy-operator"
 NAMESPACE = "admission-policy-system"
-
-
-def free_port() -> int:
-    """A port free now, below the kernel's ephemeral range: a port the kernel handed out (bind to 0)
-    is also where it places outgoing connections, so one of the test's own clients could take it
-    before the operator binds it ("address already in use")."""
-    low = _ephemeral_low()
-    while True:
-        port = random.randrange(max(1024, low - 12_000), low)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
 
 
 def operator_environment(monkeypatch: pytest.MonkeyPatch, cert_dir: pathlib.Path) -> dict[str, str]:
