@@ -19,6 +19,8 @@ HARNESS = REPO / "tests" / "operator"     # the kmock emulator harness (test cod
 HOST = "127.0.0.1"                         # every socket of the bench, servers and clients alike
 
 sys.path.insert(0, str(REPO / "tests"))
+# (tests/ports.py: below the ephemeral range, as the tests' servers)
+from ports import free_port as free_port  # noqa: E402
 
 SERVER_CORE = 0    # the server under test gets this core to itself while it is measured
 CLIENT_CORE = 1    # load generator, emulator and orchestrator share the other one
