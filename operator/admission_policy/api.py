@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal, TypeAlias, cast
 
@@ -28,6 +29,7 @@ FailurePolicy: TypeAlias = Literal["Fail", "Ignore"]
 MergeMode: TypeAlias = Literal["Overwrite", "IfAbsent"]
 
 ENFORCEMENTS: Final = ("Enforce", "Warn", "Audit")
+APPROVALS: Final = ("None", "Required")
 FAILURE_POLICIES: Final = ("Fail", "Ignore")
 MERGE_MODES: Final = ("Overwrite", "IfAbsent")
 OPERATIONS: Final = ("CREATE", "UPDATE", "DELETE", "CONNECT", "*")
@@ -57,8 +59,9 @@ ACCEPTED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "": frozenset({"apiVersion", "kind", "metadata", "spec", "status"}),
     "spec": frozenset({
         "description", "enforcement", "failurePolicy", "match", "podControllers", "paramKind", "paramRef",
-        "context", "variables", "validations", "mutations", "reportAdmission",
+        "context", "variables", "validations", "mutations", "reportAdmission", "exceptions",
     }),
+    "spec.exceptions": frozenset({"allowed", "maxDuration", "approval"}),
     "spec.paramKind": frozenset({"apiVersion", "kind"}),
     "spec.paramRef": frozenset({"name", "namespace", "selector", "parameterNotFoundAction"}),
     "spec.paramRef.selector": frozenset({"matchLabels", "matchExpressions"}),
@@ -76,7 +79,7 @@ ACCEPTED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "spec.match.objectSelector.matchExpressions[]": frozenset({"key", "operator", "values"}),
     "spec.match.conditions[]": frozenset({"name", "expression"}),
     "spec.variables[]": frozenset({"name", "expression"}),
-    "spec.validations[]": frozenset({"expression", "plugin", "message", "messageExpression", "reason"}),
+    "spec.validations[]": frozenset({"name", "expression", "plugin", "message", "messageExpression", "reason"}),
     "spec.validations[].plugin": frozenset({"name", "config"}),
     "spec.mutations[]": frozenset({"name", "condition", "jsonPatch", "merge", "mergeMode", "plugin"}),
     "spec.mutations[].plugin": frozenset({"name", "config"}),
@@ -197,6 +200,8 @@ class Validation:
     message_expression: Expression | None
     reason: str
     plugin: PluginRef | None = None
+    # What an AdmissionPolicyException names to waive this check alone (``validation-<index>`` unless set).
+    name: str = ""
 
     @property
     def path(self) -> str:
@@ -290,6 +295,16 @@ class ContextEntry:
 
 
 @dataclasses.dataclass(frozen=True)
+class ExceptionRules:
+    """``spec.exceptions``: whether AdmissionPolicyExceptions may waive this policy's rules, how far
+    ahead one may end (``max_duration`` seconds from its creation; None: no cap), and whether one
+    applies only once approved (``policyexception``, docs/exceptions.md)."""
+    allowed: bool = True
+    max_duration: int | None = None
+    approval: Literal["None", "Required"] = "None"
+
+
+@dataclasses.dataclass(frozen=True)
 class AdmissionPolicy:
     """A policy as parsed: immutable and already checked field by field, so the compiler and the
     engine never meet a malformed spec. Its CEL is not compiled yet (``engine.compile_policy``)."""
@@ -311,6 +326,11 @@ class AdmissionPolicy:
     context: tuple[ContextEntry, ...] = ()
     # Audit/Warn failures at admission also go to the audit reports (operator/audit.py).
     report_admission: bool = False
+    exceptions: ExceptionRules = ExceptionRules()
+
+    def rule_names(self) -> tuple[str, ...]:
+        """The validations' and mutations' names: what an exception may name to waive."""
+        return tuple(v.name for v in self.validations) + tuple(m.name for m in self.mutations)
 
     def expressions(self) -> list[Expression]:
         """Every CEL expression of the policy, in field order."""
@@ -341,15 +361,7 @@ def parse_policy(obj: Any, *, default_failure_policy: FailurePolicy = "Fail") ->
 def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionPolicy:
     root = _mapping(obj, "")
     _check_fields(root, "", "")
-    if root.get("apiVersion") not in (None, API_VERSION):
-        raise PolicyError("apiVersion", f"must be {API_VERSION!r}, got {root.get('apiVersion')!r}")
-    if root.get("kind") not in (None, KIND):
-        raise PolicyError("kind", f"must be {KIND!r}, got {root.get('kind')!r}")
-    metadata = _mapping(root.get("metadata"), "metadata")
-    name = _required_string(metadata.get("name"), "metadata.name")
-    generation = metadata.get("generation", 0)
-    if not isinstance(generation, int) or isinstance(generation, bool):
-        raise PolicyError("metadata.generation", "must be an integer")
+    _, name, generation = object_header(root, KIND)
 
     spec = _mapping(root.get("spec"), "spec")
     _check_fields(spec, "spec", "spec")
@@ -366,9 +378,10 @@ def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionP
     )
     _check_unique([v.name for v in variables], "spec.variables", "variable")
     validations = tuple(
-        _parse_validation(item, f"spec.validations[{i}]")
+        _parse_validation(item, f"spec.validations[{i}]", i)
         for i, item in enumerate(_list(spec.get("validations", []), "spec.validations"))
     )
+    _check_unique([v.name for v in validations], "spec.validations", "validation")
     mutations = tuple(
         _parse_mutation(item, f"spec.mutations[{i}]", i)
         for i, item in enumerate(_list(spec.get("mutations", []), "spec.mutations"))
@@ -400,7 +413,61 @@ def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionP
         mutations=mutations,
         pod_controllers=pod_controllers,
         report_admission=_boolean(spec.get("reportAdmission", False), "spec.reportAdmission"),
+        exceptions=_parse_exception_rules(spec.get("exceptions")),
     )
+
+
+def object_header(root: Mapping[str, Any], kind: str) -> tuple[Mapping[str, Any], str, int]:
+    """An object of ours, of ``kind`` (apiVersion and kind may be left out in files): its metadata,
+    name and generation."""
+    if root.get("apiVersion") not in (None, API_VERSION):
+        raise PolicyError("apiVersion", f"must be {API_VERSION!r}, got {root.get('apiVersion')!r}")
+    if root.get("kind") not in (None, kind):
+        raise PolicyError("kind", f"must be {kind!r}, got {root.get('kind')!r}")
+    metadata = _mapping(root.get("metadata"), "metadata")
+    name = _required_string(metadata.get("name"), "metadata.name")
+    generation = metadata.get("generation", 0)
+    if not isinstance(generation, int) or isinstance(generation, bool):
+        raise PolicyError("metadata.generation", "must be an integer")
+    return metadata, name, generation
+
+
+def _parse_exception_rules(value: Any) -> ExceptionRules:
+    if value is None:
+        return ExceptionRules()
+    path = "spec.exceptions"
+    raw = _mapping(value, path)
+    _check_fields(raw, path, path)
+    max_duration = None
+    if raw.get("maxDuration") is not None:
+        max_duration = parse_duration(raw["maxDuration"], f"{path}.maxDuration")
+    approval = _enum(raw.get("approval", "None"), f"{path}.approval", APPROVALS)
+    return ExceptionRules(_boolean(raw.get("allowed", True), f"{path}.allowed"), max_duration,
+                          cast(Literal["None", "Required"], approval))
+
+
+_DURATION_UNITS: Final[Mapping[str, int]] = {"d": 86_400, "h": 3_600, "m": 60, "s": 1}
+_DURATION = re.compile(r"(?:[0-9]+[dhms])+")
+
+
+def parse_duration(value: Any, path: str) -> int:
+    """Seconds of a duration as Go writes it (``720h``, ``1h30m``), and days (``90d``), which an
+    exception's lifetime is usually counted in."""
+    text = _string(value, path)
+    if not _DURATION.fullmatch(text):
+        raise PolicyError(path, f"{text!r} is not a duration: write it as \"90d\", \"720h\" or \"1h30m\"")
+    seconds = sum(int(amount) * _DURATION_UNITS[unit] for amount, unit in re.findall(r"([0-9]+)([dhms])", text))
+    if seconds <= 0:
+        raise PolicyError(path, "must be longer than zero")
+    return seconds
+
+
+def format_duration(seconds: int) -> str:
+    """``90d``, ``36h``, ``90m``: the largest unit that divides it, for messages."""
+    for unit, size in _DURATION_UNITS.items():
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def _parse_match(value: Any) -> Match:
@@ -543,9 +610,10 @@ def _parse_named(value: Any, path: str, schema_path: str) -> NamedExpression:
     return NamedExpression(name, _expression(raw.get("expression"), f"{path}.expression"))
 
 
-def _parse_validation(value: Any, path: str) -> Validation:
+def _parse_validation(value: Any, path: str, index: int) -> Validation:
     raw = _mapping(value, path)
     _check_fields(raw, path, "spec.validations[]")
+    name = _required_string(raw.get("name", f"validation-{index}"), f"{path}.name")
     message = raw.get("message")
     if message is not None:
         message = _string(message, f"{path}.message")
@@ -560,9 +628,9 @@ def _parse_validation(value: Any, path: str) -> Validation:
             raise PolicyError(path, "a plugin's failures carry their own messages: message and messageExpression "
                                     "are for expressions")
         return Validation(None, None, None, reason, _parse_plugin(raw["plugin"], f"{path}.plugin",
-                                                                   "spec.validations[].plugin"))
+                                                                   "spec.validations[].plugin"), name)
     return Validation(_expression(raw.get("expression"), f"{path}.expression"), message,
-                      message_expression, reason)
+                      message_expression, reason, name=name)
 
 
 def _parse_plugin(value: Any, path: str, schema_path: str) -> PluginRef:

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from .engine.background import MUTATION_RULE, PASS, WARN, AuditResult
+from .engine.background import MUTATION_RULE, PASS, SKIP, WARN, AuditResult
 
 GROUP: Final = "openreports.io"
 VERSION: Final = "v1alpha1"
@@ -27,7 +27,7 @@ SOURCE: Final = "admission-policy-operator"
 NAME: Final = "admission-policy"           # each report's name (one per namespace, one cluster-wide)
 MANAGED_BY: Final = ("app.kubernetes.io/managed-by", "admission-policy-operator")
 MAX_RESULTS: Final = 1_000
-RESULTS: Final = ("fail", "error", "warn", "pass")   # the order results are listed in
+RESULTS: Final = ("fail", "error", "warn", "skip", "pass")   # the order results are listed in
 ORIGIN_BACKGROUND, ORIGIN_ADMISSION = "background", "admission"
 
 
@@ -78,7 +78,7 @@ class Entry:
     """One result: a policy's rule on one object."""
     policy: str
     rule: str
-    result: str          # pass | fail | warn | error
+    result: str          # pass | fail | warn | error | skip
     message: str
     ref: ObjectRef
     enforcement: str
@@ -91,12 +91,15 @@ class Entry:
         return self.policy, self.ref.identity, self.rule, self.result, self.message
 
     would_mutate: bool = False
+    exception: str = ""  # skip: the AdmissionPolicyException ("namespace/name") that waived the rule
 
     def as_dict(self) -> dict[str, Any]:
         """An openreports ``results[]`` item; ``ObjectRef.read`` and ``first_seen`` read it back."""
         properties = {"enforcement": self.enforcement, "origin": self.origin}
         if self.would_mutate:
             properties["wouldMutate"] = "true"
+        if self.exception:
+            properties["exception"] = self.exception
         result: dict[str, Any] = {
             # A warning does not count against a score (openreports; Kyverno's scored: "false").
             "source": SOURCE, "policy": self.policy, "result": self.result, "scored": self.result != WARN,
@@ -113,12 +116,17 @@ class Entry:
 def entries(result: AuditResult, ref: ObjectRef, seen: int, origin: str = ORIGIN_BACKGROUND) -> list[Entry]:
     """A policy's result on an object as report results: one per failed validation (``error`` for
     one that could not be evaluated), or one ``pass`` (saying so when the policy would mutate it).
-    A Pod policy's result on a workload says it judged the Pod template."""
+    A Pod policy's result on a workload says it judged the Pod template. A rule an exception
+    waived is one ``skip`` naming the exception and its expiry (openreports' result for it)."""
     about = f"the Pod template of {result.template_of}: " if result.template_of else ""
     failed = WARN if result.result == WARN else "fail"
     found = [Entry(result.policy, finding.rule, "error" if finding.error else failed,
                    about + finding.message, ref, result.enforcement, seen, origin)
              for finding in result.findings if finding.rule != MUTATION_RULE or finding.error]
+    found += [Entry(result.policy, exempted.rule, SKIP,
+                    f"{about}waived by AdmissionPolicyException {exempted.exception} until {exempted.expires_at}",
+                    ref, result.enforcement, seen, origin, exception=exempted.exception)
+              for exempted in result.exempted]
     if found:
         return found
     message = next((f.message for f in result.findings if f.rule == MUTATION_RULE), "")

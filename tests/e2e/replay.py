@@ -195,6 +195,11 @@ NOT_REPLAYED_CASES = {
     **{("protect-drained-pods", name): "the Pod comes from the operator's cache; see tests/node"
        for name in ("evicting a protected pod that is not drained (kubectl drain) is denied",
                     "evicting it once drained is allowed", "evicting a pod that is not protected is allowed")},
+    # Admitted only under an AdmissionPolicyException, which the operator does not load yet (docs/exceptions.md).
+    **{("policy-exception", name): "the operator does not load AdmissionPolicyExceptions yet"
+       for name in ("a legacy Pod is admitted under the approved exception, with a warning",
+                    "the legacy Deployment's Pod template is covered by the same exception",
+                    "one second before it expires, the legacy Pod is still admitted")},
 }
 SUITES = {suite.example: suite for suite in (load_suite(p.parent) for p in sorted(EXAMPLES.glob("*/test.yaml"))
                                              if p.parent.name not in NOT_REPLAYED)}

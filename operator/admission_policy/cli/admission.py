@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from ..authorization import Authorization
-from ..engine import Decision, Inputs, Phase, PolicyOutcome, PolicySet, evaluate
+from ..engine import Decision, ExceptionSet, Inputs, Phase, PolicyOutcome, PolicySet, evaluate
 from ..engine.request import AdmissionRequest
 from .authorizer import answered
 
@@ -42,20 +42,21 @@ def generate_name(prefix: str) -> str:
 
 
 def admit(policies: PolicySet, request: AdmissionRequest, namespace: Mapping[str, Any] | None,
-          inputs: Inputs | None = None, authorization: Authorization | None = None) -> Admission:
+          inputs: Inputs | None = None, authorization: Authorization | None = None,
+          exceptions: ExceptionSet | None = None, now: float | None = None) -> Admission:
     """Mutate, then validate, as the API server does; a generateName gets its name in between.
     ``inputs``: the params and context objects given in files; ``authorization``: the declared
-    answers to authorizer checks (a check none covers is a DocumentError naming it)."""
+    answers to authorizer checks (a check none covers is a DocumentError naming it);
+    ``exceptions`` and ``now``: the AdmissionPolicyExceptions given, and the time they are judged at."""
+    options: dict[str, Any] = {"inputs": inputs, "authorization": authorization, "exceptions": exceptions,
+                               "now": now}
     if not _generates_name(request.object, request):
-        return Admission(answered(evaluate(policies, request, namespace, Phase.ALL, inputs=inputs,
-                                           authorization=authorization)), "")
-    mutated = answered(evaluate(policies, request, namespace, Phase.MUTATE, inputs=inputs,
-                                authorization=authorization))
+        return Admission(answered(evaluate(policies, request, namespace, Phase.ALL, **options)), "")
+    mutated = answered(evaluate(policies, request, namespace, Phase.MUTATE, **options))
     if not mutated.allowed:
         return Admission(mutated, "")    # a mutating denial ends the request before any name exists
     final, name = _named(request, mutated.patched_object)
-    validated = answered(evaluate(policies, final, namespace, Phase.VALIDATE, inputs=inputs,
-                                  authorization=authorization))
+    validated = answered(evaluate(policies, final, namespace, Phase.VALIDATE, **options))
     return Admission(_combined(request, mutated, validated), name)
 
 
@@ -85,13 +86,15 @@ def _combined(request: AdmissionRequest, mutated: Decision, validated: Decision)
         earlier = outcomes.get(outcome.policy)
         outcomes[outcome.policy] = outcome if earlier is None else dataclasses.replace(
             earlier, findings=earlier.findings + outcome.findings, errors=earlier.errors + outcome.errors,
-            mutated=earlier.mutated or outcome.mutated, denied=earlier.denied or outcome.denied)
+            mutated=earlier.mutated or outcome.mutated, denied=earlier.denied or outcome.denied,
+            exempted=earlier.exempted + outcome.exempted)
     return dataclasses.replace(
         validated,
-        warnings=mutated.warnings + validated.warnings,
+        warnings=tuple(dict.fromkeys(mutated.warnings + validated.warnings)),   # an exception's, said once
         audit_annotations={**mutated.audit_annotations, **validated.audit_annotations},
         patch=mutated.patch if validated.allowed else (),
         patched_object=mutated.patched_object if validated.allowed else request.object,
         outcomes=tuple(outcomes.values()),
         evaluations=mutated.evaluations + validated.evaluations,
+        exempted=tuple(dict.fromkeys(mutated.exempted + validated.exempted)),
     )

@@ -18,11 +18,11 @@ import click
 
 from .. import api, reports
 from ..authorization import Authorization, Unanswered
-from ..engine import CompiledPolicy, Inputs, PolicySet
+from ..engine import CompiledPolicy, ExceptionSet, Inputs, PolicySet
 from ..engine.background import FAIL, PASS, AuditResult, Resource, audit_object, audits, background_request
 from ..operator.config import OperatorConfig
 from .authorizer import HINT
-from .documents import DocumentError, documents_in, kubernetes_objects
+from .documents import DocumentError, documents_in, is_exception, kubernetes_objects
 from .requests import is_namespaced, namespace_object, resource_of
 from .suite import is_suite
 
@@ -54,6 +54,7 @@ class AuditRun:
     now: int
     inputs: Inputs | None = None   # params and context, from files (--param, --context)
     authorization: Authorization | None = None   # declared authorizer answers (--authorizer)
+    exceptions: ExceptionSet | None = None   # AdmissionPolicyExceptions, judged at ``now``
     tallies: dict[str, PolicyTally] = dataclasses.field(default_factory=dict)
     results: reports.Results = dataclasses.field(default_factory=reports.Results)
     scanned: int = 0
@@ -65,7 +66,7 @@ class AuditRun:
                                    target.resource.namespaced)
         try:
             results = audit_object(self.policies, background_request(target.body, target.resource), namespace,
-                                   self.inputs, self.authorization)
+                                   self.inputs, self.authorization, self.exceptions, self.now)
         except Unanswered as exc:
             raise DocumentError(f"{target.source}: {exc}: {HINT}") from None
         for result in results:
@@ -87,11 +88,11 @@ class AuditRun:
 
 
 def manifest_targets(paths: Iterable[str]) -> Iterator[Target]:
-    """The objects in files and directories (policies and test suites beside them are skipped;
-    Namespaces are audited, and also give namespaceSelector the labels of their namespace)."""
+    """The objects in files and directories (policies, exceptions and test suites beside them are
+    skipped; Namespaces are audited, and also give namespaceSelector the labels of their namespace)."""
     for root in paths:
         for document in documents_in(root):
-            if is_suite(document):   # an `admission-policy test` suite beside the manifests
+            if is_suite(document) or is_exception(document):   # a suite beside the manifests; exceptions apply
                 continue
             for source, body in kubernetes_objects(document):
                 if body.get("kind") == api.KIND:
@@ -119,10 +120,11 @@ def namespaces_of(targets: list[Target]) -> dict[str, Mapping[str, Any]]:
 
 
 def audit_manifests(policies: list[CompiledPolicy], paths: Iterable[str], now: int,
-                    inputs: Inputs | None = None, authorization: Authorization | None = None) -> AuditRun:
+                    inputs: Inputs | None = None, authorization: Authorization | None = None,
+                    exceptions: ExceptionSet | None = None) -> AuditRun:
     targets = list(manifest_targets(paths))
     namespaces = namespaces_of(targets)
-    run = AuditRun(PolicySet(policies), now, inputs, authorization)
+    run = AuditRun(PolicySet(policies), now, inputs, authorization, exceptions)
     for target in targets:
         namespace = target.body["metadata"]["namespace"] if target.resource.namespaced else ""
         run.judge(target, namespaces.get(namespace) or (namespace_object(namespace, {}) if namespace else None))
@@ -131,7 +133,7 @@ def audit_manifests(policies: list[CompiledPolicy], paths: Iterable[str], now: i
 
 async def audit_cluster(policies: list[CompiledPolicy], kubeconfig: str | None, now: int,
                         settings: OperatorConfig, progress: ProgressFn, inputs: Inputs | None = None,
-                        authorization: Authorization | None = None) -> AuditRun:
+                        authorization: Authorization | None = None, exceptions: ExceptionSet | None = None) -> AuditRun:
     """List what the policies' rules name in a live cluster, page by page as the operator does,
     and judge it here: nothing is written to the cluster."""
     from ..cluster.client import call_json, message_of, new_api_client
@@ -139,7 +141,7 @@ async def audit_cluster(policies: list[CompiledPolicy], kubeconfig: str | None, 
     from ..cluster.listing import ListingError, display, list_objects
     from ..cluster.routing import listable_resources, routes
 
-    run = AuditRun(PolicySet(policies), now, inputs, authorization)
+    run = AuditRun(PolicySet(policies), now, inputs, authorization, exceptions)
     api_client = await new_api_client(kubeconfig)
     async with api_client:
         discovered = await Discovery(api_client).resources()
@@ -171,7 +173,7 @@ def table(run: AuditRun) -> str:
             note = "" if audits(policy) else " (no rule names CREATE: nothing to audit)"
             lines.append(f"{policy.name} ({policy.policy.enforcement}): no object matched{note}")
             continue
-        counts = ", ".join(f"{tally.counts[name]} {name}" for name in ("fail", "warn", "error", "pass")
+        counts = ", ".join(f"{tally.counts[name]} {name}" for name in ("fail", "warn", "error", "skip", "pass")
                            if tally.counts[name])
         lines.append(f"{policy.name} ({tally.enforcement}): {tally.objects} object(s): {counts}")
         if tally.rows:

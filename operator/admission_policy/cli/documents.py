@@ -11,8 +11,8 @@ from typing import Any
 import click
 import yaml
 
-from .. import api
-from ..engine import CompiledPolicy, PolicyCompileError
+from .. import api, policyexception
+from ..engine import CompiledException, CompiledPolicy, PolicyCompileError, compile_exception
 from ..errors import AdmissionPolicyError
 from ..operator.store import load_policy
 
@@ -133,6 +133,47 @@ def load_policies(paths: Iterable[Path | str], default_failure_policy: api.Failu
             for warning in gated_off_warnings(document, policy):
                 click.echo(f"warning: {warning}", err=True)
     return [policy for _, policy in policies.values()]
+
+
+def load_exceptions(paths: Iterable[Path | str], *, allow_empty: bool = False) -> list[CompiledException]:
+    """Compiled AdmissionPolicyExceptions from files and directories (other kinds are skipped)."""
+    found: dict[str, tuple[str, CompiledException]] = {}
+    for root in paths:
+        for document in documents_in(root, allow_empty=allow_empty):
+            if is_exception(document):
+                compiled = compile_exception_document(document)
+                if compiled.key in found:
+                    raise DocumentError(f"{document.source}: AdmissionPolicyException {compiled.key!r} is also "
+                                        f"defined in {found[compiled.key][0]}")
+                found[compiled.key] = (document.source, compiled)
+    return [compiled for _, compiled in found.values()]
+
+
+def is_exception(document: Document) -> bool:
+    return document.kind == policyexception.KIND
+
+
+def compile_exception_document(document: Document) -> CompiledException:
+    """Parse an exception and compile its conditions, or one line naming the file and the field."""
+    try:
+        return compile_exception(policyexception.parse_exception(document.body))
+    except api.PolicyError as exc:
+        name = object_name(document.body)
+        raise DocumentError(f"{document.source}: invalid AdmissionPolicyException"
+                            f"{f' {name!r}' if name else ''}: {exc}") from None
+
+
+def checked_exceptions(exceptions: Iterable[CompiledException], policies: Iterable[CompiledPolicy],
+                       where: str) -> list[CompiledException]:
+    """The exceptions, once each names policies and rules that exist (``check_references``): a typo
+    would otherwise make every case that relies on the exception fail for another reason."""
+    specs = [policy.policy for policy in policies]
+    chosen = list(exceptions)
+    for compiled in chosen:
+        problems = policyexception.check_references(compiled.exception, specs)
+        if problems:
+            raise DocumentError(f"{where}: AdmissionPolicyException {compiled.key!r}: " + "; ".join(problems))
+    return chosen
 
 
 def gated_off_warnings(document: Document, policy: CompiledPolicy) -> list[str]:

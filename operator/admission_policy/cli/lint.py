@@ -4,22 +4,27 @@ For CI pipelines: nothing is evaluated, every file is read even when an earlier 
 and every problem is one line naming the file, the policy, the field path and the column. Each
 policy that compiles is also judged for portability to a ValidatingAdmissionPolicy
 (``vap.portability``), after the compile results, so that those keep their place for scripts.
+AdmissionPolicyExceptions among them are checked as the webhook will check them at `kubectl
+apply` (``policyexception.check_exception``), against the policies linted with them.
 """
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .. import api
+from .. import api, policyexception
 from ..vap.portability import Portability, portability
 from .documents import (
     Document,
     DocumentError,
     compile_document,
+    compile_exception_document,
     duplicate_policy,
     gated_off_warnings,
+    is_exception,
     object_name,
     read_documents,
     walk,
@@ -33,23 +38,48 @@ class LintResult:
     errors: tuple[str, ...]      # one line each; none when the policy compiles
     warnings: tuple[str, ...] = ()   # plugin rules a feature gate switches off (skipped, not an error)
     portability: Portability | None = None   # for a policy that compiles
+    kind: str = api.KIND         # or an AdmissionPolicyException ("namespace/name" in ``policy``)
+    spec: api.AdmissionPolicy | None = dataclasses.field(default=None, repr=False)   # a policy that compiles
 
     @property
     def ok(self) -> bool:
         return not self.errors
 
 
-def lint_policies(paths: Iterable[str]) -> list[LintResult]:
+def lint_policies(paths: Iterable[str], now: float | None = None) -> list[LintResult]:
     """Every AdmissionPolicy under ``paths``, compiled; a duplicate name is an error, as the
-    cluster would keep only one of them."""
+    cluster would keep only one of them. Then every AdmissionPolicyException, checked against
+    those policies at ``now`` (the real time by default)."""
     seen: dict[str, str] = {}
     results: list[LintResult] = []
+    exceptions: list[Document] = []
     for root in paths:
-        results.extend(_lint_root(root, seen))
+        results.extend(_lint_root(root, seen, exceptions))
+    policies = [result.spec for result in results if result.spec is not None]
+    checked_at = time.time() if now is None else now
+    results.extend(_lint_exception(document, policies, checked_at) for document in exceptions)
     return results
 
 
-def _lint_root(root: str, seen: dict[str, str]) -> list[LintResult]:
+def _lint_exception(document: Document, policies: list[api.AdmissionPolicy], now: float) -> LintResult:
+    metadata = document.body.get("metadata") if isinstance(document.body, dict) else None
+    name = f"{metadata.get('namespace', '')}/{object_name(document.body)}" if isinstance(metadata, dict) else ""
+    try:
+        compiled = compile_exception_document(document)
+    except DocumentError as exc:
+        return LintResult(document.source, name, (str(exc),), kind=policyexception.KIND)
+    # An expired exception in a repository is stale, not invalid (it was valid when applied), and
+    # time alone must not turn a CI check red: it is a warning; everything else is an error.
+    problems = policyexception.check_exception(compiled.exception, policies, now, expiry=False)
+    prefix = f"{document.source}: AdmissionPolicyException {compiled.key!r}: "
+    expired = compiled.exception.expires_at <= now
+    warnings = (f"{prefix}spec.expiresAt: expired at {policyexception.format_time(compiled.exception.expires_at)} "
+                "(it no longer applies, and `kubectl apply` would refuse to create it)",) if expired else ()
+    return LintResult(document.source, compiled.key, tuple(prefix + problem for problem in problems), warnings,
+                      kind=policyexception.KIND)
+
+
+def _lint_root(root: str, seen: dict[str, str], exceptions: list[Document]) -> list[LintResult]:
     in_directory = Path(root).is_dir()
     try:
         files = list(walk(Path(root)))
@@ -63,7 +93,8 @@ def _lint_root(root: str, seen: dict[str, str]) -> list[LintResult]:
             results.append(LintResult(str(file), "", (str(exc),)))
             continue
         results.extend(_lint_document(document, seen) for document in documents if document.kind == api.KIND)
-    if not results:
+        exceptions.extend(document for document in documents if is_exception(document))
+    if not results and not any(document.source.startswith(root) for document in exceptions):
         results.append(LintResult(root, "", (f"{root}: no AdmissionPolicy found",)))
     return results
 
@@ -78,18 +109,18 @@ def _lint_document(document: Document, seen: dict[str, str]) -> LintResult:
         return LintResult(document.source, policy.name, (duplicate_policy(document, policy.name, seen[policy.name]),))
     seen[policy.name] = document.source
     return LintResult(document.source, policy.name, (), tuple(gated_off_warnings(document, policy)),
-                      portability(policy, document.body))
+                      portability(policy, document.body), spec=policy.policy)
 
 
 def lint_text(results: list[LintResult]) -> str:
     lines = []
     for result in results:
         if result.ok:
-            lines.append(f"ok     {result.source}: AdmissionPolicy {result.policy!r}")
+            lines.append(f"ok     {result.source}: {result.kind} {result.policy!r}")
         lines.extend(f"warn   {warning}" for warning in result.warnings)
         lines.extend(f"error  {error}" for error in result.errors)
     failed = sum(not result.ok for result in results)
-    skipping = sum(bool(result.warnings) for result in results)
+    skipping = sum(bool(result.warnings) for result in results if result.kind == api.KIND)
     lines.append(f"\n{len(results) - failed} compiled, {failed} with errors"
                  + (f", {skipping} with plugin rules a feature gate switches off" if skipping else ""))
     judged = [result for result in results if result.portability is not None]
@@ -117,7 +148,8 @@ def _portability_lines(result: LintResult) -> list[str]:
 
 def lint_json(results: list[LintResult]) -> dict[str, Any]:
     return {"ok": all(result.ok for result in results),
-            "policies": [{"source": r.source, "name": r.policy or None, "ok": r.ok, "errors": list(r.errors),
+            "policies": [{"source": r.source, "kind": r.kind, "name": r.policy or None, "ok": r.ok,
+                          "errors": list(r.errors),
                           "warnings": list(r.warnings),
                           "portability": r.portability.as_json() if r.portability is not None else None}
                          for r in results]}

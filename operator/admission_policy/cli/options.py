@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .. import features, plugins
+from .. import api, features, plugins, policyexception
 from ..engine import CompiledPolicy, StaticInputs
 from .documents import DocumentError, Found, objects_in
 from .inputs import checked_inputs
@@ -66,3 +66,20 @@ def use_gates(text: str, output: str = "text") -> None:
     another program, as in tests)."""
     features.configure(parse_gates(text, output))
     click.get_current_context().call_on_close(lambda: features.configure(None))
+
+
+def now_option(fn: Any) -> Any:
+    """--now: the time AdmissionPolicyExceptions' expiry is judged at, so that results repeat."""
+    return click.option("--now", "now_text", default=None, metavar="RFC3339",
+                        help="The time to judge exceptions' expiry at, e.g. 2026-12-31T00:00:00Z "
+                             "(default: the real time).")(fn)
+
+
+def parse_now(text: str | None, where: str = "--now") -> float | None:
+    """Seconds since the epoch of ``text`` (None: the real time, read when needed)."""
+    if text is None:
+        return None
+    try:
+        return policyexception.parse_time(text, where)
+    except api.PolicyError as exc:
+        raise DocumentError(str(exc)) from None

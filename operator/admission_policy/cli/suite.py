@@ -2,22 +2,37 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .. import api
-from ..engine import Decision, PolicySet, ReviewError, StaticInputs, parse_review
+from ..engine import CompiledPolicy, Decision, ExceptionSet, PolicySet, ReviewError, StaticInputs, parse_review
 from .admission import admit
 from .authorizer import DeclaredAnswers, parse_answers
-from .documents import Document, DocumentError, Found, kubernetes_objects, load_policies, objects_in, read_documents
+from .documents import (
+    Document,
+    DocumentError,
+    Found,
+    checked_exceptions,
+    kubernetes_objects,
+    load_exceptions,
+    load_policies,
+    objects_in,
+    read_documents,
+)
 from .inputs import checked_inputs
+from .options import parse_now
 from .report import yaml_diff
 from .requests import build_review, namespace_object
 
 SUITE_KIND = "AdmissionPolicyTest"
 _CASE_FIELDS = frozenset({"name", "operation", "object", "oldObject", "subResource", "resource",
-                          "namespaceLabels", "userInfo", "dryRun", "params", "context", "authorizer", "expect"})
+                          "namespaceLabels", "userInfo", "dryRun", "params", "context", "authorizer", "now",
+                          "expect"})
+_SUITE_FIELDS = frozenset({"apiVersion", "kind", "metadata", "policies", "exceptions", "now", "params", "context",
+                           "authorizer", "cases"})
 _EXPECT_FIELDS = frozenset({"allowed", "code", "messageContains", "warnings", "auditAnnotations",
                             "patched", "mutated"})
 
@@ -44,7 +59,7 @@ class SuiteResult:
 def run_suite(document: Document) -> SuiteResult:
     """Load a suite's policies and run every case; unusable input raises DocumentError."""
     suite = _mapping(document.body, document.source, "the suite")
-    unknown = set(suite) - {"apiVersion", "kind", "metadata", "policies", "params", "context", "authorizer", "cases"}
+    unknown = set(suite) - _SUITE_FIELDS
     if unknown:
         raise DocumentError(f"{document.source}: unknown field {sorted(unknown)[0]!r} in AdmissionPolicyTest")
     base = Path(document.source.split("#", 1)[0]).parent
@@ -57,10 +72,12 @@ def run_suite(document: Document) -> SuiteResult:
         files = [p for p in sorted(base.iterdir()) if p.suffix in (".yaml", ".yml", ".json")]
         policies = load_policies(files, allow_empty=True)    # files picked by suffix, not by name
     else:
-        policies = load_policies(base / p for p in policy_paths)
+        files = [base / p for p in policy_paths]
+        policies = load_policies(files)
     if not policies:
         raise DocumentError(f"{document.source}: no AdmissionPolicy found in {policy_paths}")
     policy_set = PolicySet(policies)
+    exceptions = _exceptions(suite, files, base, document.source, policies)
     cases = suite.get("cases")
     if not isinstance(cases, list) or not cases:
         raise DocumentError(f"{document.source}: cases must be a non-empty list")
@@ -73,22 +90,46 @@ def run_suite(document: Document) -> SuiteResult:
         if case_name in seen:
             raise DocumentError(f"{where}: duplicate case name {case_name!r}")
         seen.add(case_name)
-        results.append(_run_or_fail(policy_set, case, case_name, base, f"cases[{index}]", suite))
+        results.append(_run_or_fail(_Given(policy_set, exceptions, suite, base), case, case_name, f"cases[{index}]"))
     return SuiteResult(document.source, name, tuple(results))
 
 
-def _run_or_fail(policies: PolicySet, case: Mapping[str, Any], name: str, base: Path, where: str,
-                 suite: Mapping[str, Any]) -> CaseResult:
+@dataclasses.dataclass(frozen=True)
+class _Given:
+    """What every case of a suite is judged with."""
+    policies: PolicySet
+    exceptions: ExceptionSet
+    suite: Mapping[str, Any]
+    base: Path
+
+
+def _exceptions(suite: Mapping[str, Any], policy_files: list[Path], base: Path, source: str,
+                policies: list[CompiledPolicy]) -> ExceptionSet:
+    """The suite's ``exceptions`` (paths), else the AdmissionPolicyExceptions in its policies' files:
+    the directory stands for the cluster."""
+    paths = suite.get("exceptions")
+    if paths is None:
+        found = load_exceptions(policy_files, allow_empty=True)
+    elif not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise DocumentError(f"{source}: exceptions must be a list of paths")
+    else:
+        found = load_exceptions(base / p for p in paths)
+        if not found:
+            raise DocumentError(f"{source}: no AdmissionPolicyException found in {paths}")
+    return ExceptionSet(checked_exceptions(found, policies, source))
+
+
+def _run_or_fail(given: _Given, case: Mapping[str, Any], name: str, where: str) -> CaseResult:
     """A case that cannot run (a missing file, a bad field) fails alone: the other cases still run
     and the report names the suite and this case."""
     try:
-        return _run_case(policies, case, name, base, where, suite)
+        return _run_case(given, case, name, where)
     except DocumentError as exc:
         return CaseResult(name, None, (f"cannot run: {exc}",))
 
 
-def _run_case(policies: PolicySet, case: Mapping[str, Any], name: str, base: Path, where: str,
-              suite: Mapping[str, Any]) -> CaseResult:
+def _run_case(given: _Given, case: Mapping[str, Any], name: str, where: str) -> CaseResult:
+    policies, suite, base = given.policies, given.suite, given.base
     unknown = set(case) - _CASE_FIELDS
     if unknown:
         raise DocumentError(f"{where}: unknown field {sorted(unknown)[0]!r} "
@@ -112,8 +153,11 @@ def _run_case(policies: PolicySet, case: Mapping[str, Any], name: str, base: Pat
     namespace = None
     if request.namespace:
         namespace = namespace_object(request.namespace, case.get("namespaceLabels") or {})
+    now = parse_now(_text(case["now"], f"{where}.now") if "now" in case else
+                    _text(suite["now"], "the suite's now") if "now" in suite else None,
+                    f"{where}.now" if "now" in case else "the suite's now")
     decision, generated_name = admit(policies, request, namespace, _inputs(policies, case, suite, base, where),
-                                     _answers(case, suite, base, where))
+                                     _answers(case, suite, base, where), given.exceptions, now)
     expected_patched = None
     if "patched" in expect:
         expected_patched = _object(expect["patched"], base, f"{where}.expect.patched")
@@ -192,6 +236,15 @@ def check(decision: Decision, expect: Mapping[str, Any], patched: Any) -> list[s
         problems.append("the patched object differs from the expected one:\n"
                         + yaml_diff(patched, decision.patched_object, "expected", "actual"))
     return problems
+
+
+def _text(value: Any, where: str) -> str:
+    """A time as the suite gives it: YAML reads an unquoted one as a datetime."""
+    if isinstance(value, datetime.datetime):
+        return value.isoformat()
+    if not isinstance(value, str):
+        raise DocumentError(f"{where} must be an RFC 3339 time")
+    return value
 
 
 def _texts(value: Any) -> list[str]:

@@ -1,10 +1,12 @@
 """The policy engine: pure and synchronous, shared by the webhook and the CLI.
 
 Data flows one way: spec → ``compile_policy`` → ``PolicySet`` → ``evaluate`` → ``Decision``
-→ ``build_response``. Params and context come in as plain data (``Inputs``), like the namespace.
+→ ``build_response``. Params and context come in as plain data (``Inputs``), like the namespace;
+AdmissionPolicyExceptions as an ``ExceptionSet``, built once like the ``PolicySet``.
 """
 from .compiler import CompiledPolicy, PolicyCompileError, compile_policy
 from .evaluation import Decision, Finding, Phase, PolicyOutcome, evaluate
+from .exceptions import CompiledException, ExceptionCompileError, ExceptionSet, Exemption, compile_exception
 from .inputs import Inputs, Listing, NoInputs, StaticInputs
 from .policyset import PolicySet
 from .request import AdmissionRequest, ReviewError, decode_review, parse_review
@@ -12,8 +14,12 @@ from .response import build_response, encode_patch, error_response
 
 __all__ = [
     "AdmissionRequest",
+    "CompiledException",
     "CompiledPolicy",
     "Decision",
+    "ExceptionCompileError",
+    "ExceptionSet",
+    "Exemption",
     "Finding",
     "Inputs",
     "Listing",
@@ -25,6 +31,7 @@ __all__ = [
     "ReviewError",
     "StaticInputs",
     "build_response",
+    "compile_exception",
     "compile_policy",
     "decode_review",
     "encode_patch",

@@ -15,6 +15,8 @@ which calls the very ``evaluate`` the webhooks call, on a synthetic request:
   :func:`user_info_reads` lists such expressions so that the policy's status can say so.
 - Validations judge the object as stored. Mutations are not applied: they run only to tell
   which objects the policy *would* mutate on their next write.
+- An AdmissionPolicyException in force that waives a policy's failures on the object makes its
+  result ``skip``, naming the exception; once it has expired, the next scan says ``fail`` again.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Any, Final
 from ..authorization import Authorization, Unanswered
 from .compiler import CompiledPolicy
 from .evaluation import Finding, Phase, evaluate
+from .exceptions import ExceptionSet, Exemption
 from .inputs import Inputs
 from .policyset import PolicySet
 from .request import AdmissionRequest
@@ -35,7 +38,7 @@ USER_INFO: Final[Mapping[str, Any]] = {"username": "", "uid": "", "groups": []}
 MUTATION_RULE: Final = "spec.mutations"
 WOULD_MUTATE: Final = "would be mutated by this policy on its next write (the audit applies no mutation)"
 
-PASS, FAIL, WARN, ERROR = "pass", "fail", "warn", "error"
+PASS, FAIL, WARN, ERROR, SKIP = "pass", "fail", "warn", "error", "skip"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +60,9 @@ class AuditResult:
     """What one policy says about one existing object.
 
     ``result``: ``fail`` (a validation fails; ``warn`` for a Warn policy), ``error`` (it could not
-    be evaluated), else ``pass``. ``findings``: each failed validation, and a ``spec.mutations``
-    one when the policy would mutate the object.
+    be evaluated), ``skip`` (an exception waived every failure), else ``pass``. ``findings``: each
+    failed validation, and a ``spec.mutations`` one when the policy would mutate the object;
+    ``exempted``: what exceptions waived.
     """
     policy: str
     enforcement: str
@@ -66,6 +70,7 @@ class AuditResult:
     findings: tuple[Finding, ...] = ()
     would_mutate: bool = False
     template_of: str = ""     # 'Deployment "web"': a Pod policy judged this workload's Pod template
+    exempted: tuple[Exemption, ...] = ()
 
     @property
     def violates(self) -> bool:
@@ -102,7 +107,8 @@ def background_request(body: Mapping[str, Any], resource: Resource) -> Admission
 
 
 def audit_object(policies: PolicySet, request: AdmissionRequest, namespace_object: Mapping[str, Any] | None = None,
-                 inputs: Inputs | None = None, authorization: Authorization | None = None) -> tuple[AuditResult, ...]:
+                 inputs: Inputs | None = None, authorization: Authorization | None = None,
+                 exceptions: ExceptionSet | None = None, now: float | None = None) -> tuple[AuditResult, ...]:
     """Every matching policy's result for one existing object, in name order.
 
     Two calls of ``evaluate``: the validating phase on the object as stored, and the mutating
@@ -110,11 +116,12 @@ def audit_object(policies: PolicySet, request: AdmissionRequest, namespace_objec
     object (selectors, excluded namespaces, match conditions) has no result. ``inputs``: the
     params and context, as at admission (``engine.inputs``). ``authorization``: answers to the
     policies' authorizer checks (none: each check is an evaluation error, nobody is asking);
-    Unanswered when it has no answer to one.
+    Unanswered when it has no answer to one. ``exceptions`` and ``now``: as ``evaluate`` takes them.
     """
     validated = evaluate(policies, request, namespace_object, Phase.VALIDATE, inputs=inputs,
-                         authorization=authorization)
-    mutated = evaluate(policies, request, namespace_object, Phase.MUTATE, inputs=inputs, authorization=authorization)
+                         authorization=authorization, exceptions=exceptions, now=now)
+    mutated = evaluate(policies, request, namespace_object, Phase.MUTATE, inputs=inputs, authorization=authorization,
+                       exceptions=exceptions, now=now)
     if validated.unanswered or mutated.unanswered:
         raise Unanswered(dict.fromkeys(validated.unanswered + mutated.unanswered))
     if not validated.outcomes and validated.code == 500:   # the engine failed: say so, never a silent pass
@@ -126,20 +133,27 @@ def audit_object(policies: PolicySet, request: AdmissionRequest, namespace_objec
         findings = outcome.findings
         if not findings and outcome.errors:    # not evaluated: a match condition or limit erred
             findings = tuple(Finding("", error, True) for error in outcome.errors)
+        result = _result(outcome.enforcement, findings, bool(outcome.errors))
         results[outcome.policy] = AuditResult(outcome.policy, outcome.enforcement,
-                                              _result(outcome.enforcement, findings, bool(outcome.errors)),
-                                              findings, template_of=outcome.template_of)
+                                              SKIP if result == PASS and outcome.exempted else result,
+                                              findings, template_of=outcome.template_of, exempted=outcome.exempted)
     for outcome in mutated.outcomes:
         before = results.get(outcome.policy)
         if outcome.policy in would_mutate:
             findings = (*(before.findings if before else ()), Finding(MUTATION_RULE, WOULD_MUTATE))
             results[outcome.policy] = AuditResult(
                 outcome.policy, outcome.enforcement, before.result if before else PASS, findings, True,
-                before.template_of if before else outcome.template_of)
+                before.template_of if before else outcome.template_of, before.exempted if before else ())
         elif before is None:   # a policy that only mutates, and would not change this object (or erred)
             findings = tuple(Finding(MUTATION_RULE, error, True) for error in outcome.errors)
-            results[outcome.policy] = AuditResult(outcome.policy, outcome.enforcement, ERROR if findings else PASS,
-                                                  findings, template_of=outcome.template_of)
+            result = ERROR if findings else SKIP if outcome.exempted else PASS
+            results[outcome.policy] = AuditResult(outcome.policy, outcome.enforcement, result,
+                                                  findings, template_of=outcome.template_of,
+                                                  exempted=outcome.exempted)
+        elif outcome.exempted:   # its mutations waived: said beside what its validations found
+            results[outcome.policy] = dataclasses.replace(
+                before, exempted=before.exempted + outcome.exempted,
+                result=SKIP if before.result == PASS else before.result)
     return tuple(results[name] for name in sorted(results))
 
 

@@ -29,6 +29,7 @@ from ..cellib import authz
 from ..errors import AdmissionPolicyError
 from . import plugincalls
 from .compiler import BoundPlugin, CompiledMutation, CompiledPatchOperation, CompiledPolicy, CompiledValidation
+from .exceptions import CompiledException, ExceptionSet, Exemption, exemption
 from .inputs import Inputs, InputsError, NoInputs, context_lists, describe, labels_of, select_params
 from .patching import PatchError, apply_operation, clone, diff, json_equal, merge
 from .podcontrollers import BY_RESOURCE, pod_view, template_of
@@ -73,6 +74,7 @@ class PolicyOutcome:
     mutated: bool = False
     denied: bool = False              # this policy denies the request
     template_of: str = ""             # a Pod policy on a workload: 'Deployment "web"', whose Pod template it judged
+    exempted: tuple[Exemption, ...] = ()   # its verdicts an exception waived (``findings`` no longer holds them)
 
     @property
     def failures(self) -> tuple[str, ...]:
@@ -125,6 +127,7 @@ class Decision:
     evaluations: int = 0              # CEL programs run for this request
     plugin_calls: tuple[PluginCall, ...] = ()
     unanswered: tuple[Check, ...] = ()   # not a decision: these authorizer checks need answers (evaluate)
+    exempted: tuple[Exemption, ...] = ()   # what exceptions waived (``engine.exceptions``)
 
 
 def evaluate(
@@ -138,6 +141,8 @@ def evaluate(
     inputs: Inputs | None = None,
     namespace_error: str = "",
     authorization: Authorization | None = None,
+    exceptions: ExceptionSet | None = None,
+    now: float | None = None,
 ) -> Decision:
     """Decide one admission request. Never raises for anything a request or policy contains.
 
@@ -156,12 +161,18 @@ def evaluate(
     a check has none yet, the result is no decision: ``unanswered`` lists the checks (and it
     denies, for a caller that does not look); answer them and evaluate again. None: every check
     is an evaluation error, as where Kubernetes binds no authorizer.
+
+    ``exceptions``: the AdmissionPolicyExceptions to apply (``engine.exceptions``); a policy's
+    failures and mutations that one in force covers are waived, and ``exempted`` says by which.
+    ``now``: seconds since the epoch that expiry is judged at (the real time by default).
     """
     try:
         candidates = policies.candidates(request)
         if not candidates:
             return Decision(allowed=True, patched_object=request.object)
         run = _Run(request, namespace_object, deadline, clock, inputs, namespace_error)
+        if exceptions:   # none: nothing below costs a thing
+            run.exceptions, run.now = exceptions, time.time() if now is None else now
         with answering(authorization) as asking:
             if phase in (Phase.MUTATE, Phase.ALL):
                 run.mutate_all([policy for policy in candidates if policy.mutations])
@@ -223,6 +234,12 @@ class _Run:
         self._bounds: dict[bool, celcost.Sizes | str] = {}   # see sizes()
         self._templates_changed: dict[tuple[str, ...], tuple[Any, bool]] = {}   # see _template_changed()
         self.plugin_calls: list[PluginCall] = []
+        # AdmissionPolicyExceptions (see evaluate): which cover each policy, on which object.
+        self.exceptions: ExceptionSet | None = None
+        self.now = 0.0
+        self.exempted: dict[Exemption, None] = {}
+        self._covering: dict[tuple[str, tuple[str, ...]], tuple[Any, list[tuple[CompiledException,
+                                                                              frozenset[str] | None]]]] = {}
 
     def guarded(self, policy: CompiledPolicy, action: Callable[[CompiledPolicy], None]) -> None:
         """Run one policy's phase; whatever stops it is an evaluation error of that policy."""
@@ -381,10 +398,14 @@ class _Run:
             try:
                 changed = self._apply(mutation, scope, policy)
             except (CelEvaluationError, PatchError, PluginCallError) as error:
+                if self.exceptions is not None and self.waived(policy, mutation.spec.name):
+                    continue
                 path = mutation.spec.path if isinstance(error, PatchError) else ""
                 if self.fail(policy, error, path):
                     record.fatal = True
                     return
+                continue
+            if changed is not None and self.exceptions is not None and self.waived(policy, mutation.spec.name):
                 continue
             if changed is not None:
                 self.object = changed
@@ -591,7 +612,61 @@ class _Run:
             raise _Abort(f"spec.match.namespaceSelector cannot be judged: {self.namespace_error}")
         return selector.matches(labels_of(self.namespace_object))
 
+    def waived(self, policy: CompiledPolicy, rule: str) -> bool:
+        """Whether an exception in force covers this rule's verdict here; if so, it is recorded."""
+        for compiled, rules in self._exceptions_covering(policy):
+            if rules is None or rule in rules:
+                self.exempted[exemption(compiled, policy.name, rule)] = None
+                return True
+        return False
+
+    def _exceptions_covering(self, policy: CompiledPolicy) -> list[tuple[CompiledException, frozenset[str] | None]]:
+        """The exceptions covering the policy on the object as it is now (a mutation may relabel it),
+        their conditions evaluated with the policy's own bindings: a workload's Pod template as a Pod."""
+        assert self.exceptions is not None
+        key = (policy.name, policy.template)
+        cached = self._covering.get(key)
+        if cached is not None and cached[0] is self.object:
+            return cached[1]
+        new, old = self.object, self.request.old_object
+        if policy.template:
+            new, old = pod_view(new, policy.template), pod_view(old, policy.template)
+        found = []
+        for compiled, rules in self.exceptions.candidates(policy, self.request, new, old, self.now):
+            try:
+                self.evaluations += len(compiled.conditions)
+                if all(condition.evaluate(self.activation(policy)) is True for _, condition in compiled.conditions):
+                    found.append((compiled, rules))
+            except CelEvaluationError:   # an exception that cannot be judged does not apply
+                continue
+        self._covering[key] = (self.object, found)
+        return found
+
+    def _waive_findings(self) -> None:
+        """Drop the failed validations (and their evaluation errors) that an exception covers."""
+        for policy, record in self.records.values():
+            if not record.findings:
+                continue
+            names = {_rule(v.path): v for v in policy.policy.validations}
+            kept: list[Finding] = []
+            dropped: set[str] = set()
+            for finding in record.findings:
+                validation = names.get(finding.rule)
+                if validation is not None and self.waived(policy, validation.name):
+                    dropped.add(finding.rule)
+                else:
+                    kept.append(finding)
+            if not dropped:
+                continue
+            record.findings = kept
+            record.errors = [e for e in record.errors if not any(e.startswith((f"{rule}.", f"{rule}:"))
+                                                                  for rule in dropped)]
+            first = names.get(kept[0].rule) if kept else None
+            record.reason = first.reason if first is not None and not kept[0].error else "Forbidden"
+
     def decision(self) -> Decision:
+        if self.exceptions is not None:
+            self._waive_findings()
         outcomes: list[PolicyOutcome] = []
         denials: list[str] = []
         warnings: list[str] = []
@@ -615,8 +690,9 @@ class _Run:
                 audit[name[:63]] = json.dumps([about + failure for failure in failures])
             if denied and not reason:
                 reason = record.reason or "Forbidden"
+            exempted = tuple(e for e in self.exempted if e.policy == name) if self.exempted else ()
             outcomes.append(PolicyOutcome(name, enforcement, tuple(record.findings), tuple(record.errors),
-                                          record.mutated, denied, workload))
+                                          record.mutated, denied, workload, exempted))
         patch: tuple[Mapping[str, Any], ...] = ()
         if self.object is not self.request.object and not denials:
             # Every value a mutation adds is checked to be JSON (no NaN, no Infinity) where it comes from.
@@ -625,10 +701,14 @@ class _Run:
             return Decision(allowed=False, code=REASON_CODES.get(reason, 500), reason=reason,
                             message="\n".join(denials), warnings=tuple(warnings), audit_annotations=audit,
                             patched_object=self.request.object, outcomes=tuple(outcomes),
-                            evaluations=self.evaluations, plugin_calls=tuple(self.plugin_calls))
+                            evaluations=self.evaluations, plugin_calls=tuple(self.plugin_calls),
+                            exempted=tuple(self.exempted))
+        # The person applying sees that only an exception let the request through, and until when.
+        if self.exempted:
+            warnings.extend(dict.fromkeys(e.warning for e in self.exempted))
         return Decision(allowed=True, warnings=tuple(warnings), audit_annotations=audit, patch=patch,
                         patched_object=self.object, outcomes=tuple(outcomes), evaluations=self.evaluations,
-                        plugin_calls=tuple(self.plugin_calls))
+                        plugin_calls=tuple(self.plugin_calls), exempted=tuple(self.exempted))
 
 
     def _workload(self) -> str:

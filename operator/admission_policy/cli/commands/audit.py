@@ -11,10 +11,11 @@ import click
 import yaml
 
 from ... import features
+from ...engine import ExceptionSet
 from ...operator.config import OperatorConfig
 from ..authorizer import combined, read_answers
-from ..documents import DocumentError, dump_json, load_policies, read_documents
-from ..options import gates_option, input_options, read_inputs, use_gates
+from ..documents import DocumentError, checked_exceptions, dump_json, load_exceptions, load_policies, read_documents
+from ..options import gates_option, input_options, now_option, parse_now, read_inputs, use_gates
 from ..output import fail
 
 AUDIT_INCOMPLETE = 3   # `audit --kubeconfig`: some resources could not be listed, no Enforce violation found
@@ -30,11 +31,12 @@ AUDIT_INCOMPLETE = 3   # `audit --kubeconfig`: some resources could not be liste
 @click.option("--progress", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
               help="A progress bar on standard error while listing a cluster (auto: when it is a terminal).")
 @input_options
+@now_option
 @gates_option
 @click.argument("paths", nargs=-1, type=click.Path())
 def audit_command(policy_paths: Sequence[str], kubeconfig: str | None, output: str, progress: str,
                   param_paths: Sequence[str], context_specs: Sequence[str], authorizer_paths: Sequence[str],
-                  feature_gates: str, paths: Sequence[str]) -> None:
+                  now_text: str | None, feature_gates: str, paths: Sequence[str]) -> None:
     """Judge existing objects as the operator's background audit does.
 
     \b
@@ -47,7 +49,8 @@ def audit_command(policy_paths: Sequence[str], kubeconfig: str | None, output: s
     mutations are only reported ("would mutate"). Policies that read params or context get
     them from --param and --context files, also against a cluster. A resource the cluster
     refuses to list (RBAC's 403, an API down) is named on standard error and the audit goes on
-    with the rest, as the operator's does.
+    with the rest, as the operator's does. AdmissionPolicyExceptions among the policies' files
+    and the manifests waive what they cover (result skip), judged at --now.
 
     Exits 1 when an Enforce policy is violated (a CI gate for manifests), 2 for unusable
     input, 3 when no Enforce policy is violated but some resources could not be listed (the
@@ -68,11 +71,14 @@ def audit_command(policy_paths: Sequence[str], kubeconfig: str | None, output: s
         policies = load_policies(policy_paths)
         if not policies:
             raise DocumentError(f"no AdmissionPolicy found in {', '.join(policy_paths)}")
-        now = int(time.time())
+        given_now = parse_now(now_text)
+        now = int(time.time() if given_now is None else given_now)
         given = read_inputs(param_paths, context_specs, policies)
         answers = combined(read_answers(path) for path in authorizer_paths)
+        roots = dict.fromkeys([*policy_paths, *(path for path in paths if path != "-")])   # stdin: the objects
+        exceptions = ExceptionSet(checked_exceptions(load_exceptions(roots), policies, "audit"))
         if kubeconfig is None:
-            run = audit_manifests(policies, paths, now, given, answers)
+            run = audit_manifests(policies, paths, now, given, answers, exceptions)
         else:
             try:   # the gates as given above, whichever of the flag and the variable gave them
                 settings = OperatorConfig.from_env({**os.environ, features.ENV: feature_gates})
@@ -80,7 +86,8 @@ def audit_command(policy_paths: Sequence[str], kubeconfig: str | None, output: s
                 raise DocumentError(str(exc)) from None
             try:
                 run = asyncio.run(audit_cluster(policies, kubeconfig, now, settings,
-                                                stderr_progress(progress_enabled(progress)), given, answers))
+                                                stderr_progress(progress_enabled(progress)), given, answers,
+                                                exceptions))
             except DocumentError:
                 raise
             except Exception as exc:

@@ -6,9 +6,10 @@ from collections.abc import Sequence
 
 import click
 
-from ..documents import dump_json
+from ..documents import DocumentError, dump_json
 from ..lint import lint_json, lint_policies, lint_text
-from ..options import gates_option, use_gates
+from ..options import gates_option, now_option, parse_now, use_gates
+from ..output import fail
 
 
 @click.command("lint")
@@ -16,8 +17,10 @@ from ..options import gates_option, use_gates
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--require-portable", is_flag=True,
               help="Also exit 2 when a policy could not be a ValidatingAdmissionPolicy.")
+@now_option
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
-def lint_command(feature_gates: str, output: str, require_portable: bool, paths: Sequence[str]) -> None:
+def lint_command(feature_gates: str, output: str, require_portable: bool, now_text: str | None,
+                 paths: Sequence[str]) -> None:
     """Compile AdmissionPolicies without evaluating anything: a check for CI pipelines.
 
     Each PATH is a policy file or a directory, searched recursively (other kinds are skipped).
@@ -31,11 +34,20 @@ def lint_command(feature_gates: str, output: str, require_portable: bool, paths:
     "portable" (with the oldest Kubernetes it needs), or one "not portable" line per obstacle
     (a mutation, a plugin, context, a CEL function Kubernetes lacks), and "note" lines for what
     ports only with a translation (excludeNamespaces, an unset reason...).
+    AdmissionPolicyExceptions under the PATHs are checked as the operator's webhook will check
+    them at `kubectl apply`, against the policies linted with them: the policies and rules they
+    name exist and allow exceptions, and expiresAt is within the policy's
+    spec.exceptions.maxDuration; one that has expired at --now (the real time by default) gets a
+    "warn" line.
     Exits 0 when every policy compiles, 2 on any error (with --require-portable, also when one
     is not portable).
     """
     use_gates(feature_gates, output)
-    results = lint_policies(paths)
+    try:
+        now = parse_now(now_text)
+    except DocumentError as exc:
+        fail(exc, output)
+    results = lint_policies(paths, now)
     click.echo(dump_json(lint_json(results)) if output == "json" else lint_text(results))
     stuck = require_portable and any(r.portability is not None and not r.portability.portable for r in results)
     sys.exit(0 if all(result.ok for result in results) and not stuck else 2)

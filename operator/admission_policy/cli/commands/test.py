@@ -9,20 +9,23 @@ from typing import Any, NamedTuple
 import click
 
 from ... import api
-from ...engine import Decision, PolicySet, ReviewError, StaticInputs, parse_review
+from ...engine import Decision, ExceptionSet, PolicySet, ReviewError, StaticInputs, parse_review
 from ..admission import admit
 from ..authorizer import DeclaredAnswers, combined, read_answers
 from ..documents import (
     Document,
     DocumentError,
+    checked_exceptions,
     documents_in,
     dump_json,
+    is_exception,
     kubernetes_objects,
+    load_exceptions,
     load_policies,
     read_documents,
     walk,
 )
-from ..options import gates_option, input_options, read_inputs, use_gates
+from ..options import gates_option, input_options, now_option, parse_now, read_inputs, use_gates
 from ..output import fail
 from ..report import decision_json, decision_text, suites_json, suites_text
 from ..requests import build_review, namespace_object
@@ -33,7 +36,8 @@ _OPERATIONS = click.Choice(["CREATE", "UPDATE", "DELETE", "CONNECT"], case_sensi
 
 @click.command("test")
 @click.option("-p", "--policy", "policy_paths", multiple=True, type=click.Path(),
-              help="AdmissionPolicy file or directory (repeatable), for the objects given as PATHs.")
+              help="AdmissionPolicy file or directory (repeatable), for the objects given as PATHs; the "
+                   "AdmissionPolicyExceptions there apply too.")
 @click.option("--operation", default="CREATE", type=_OPERATIONS, show_default=True,
               help="Operation for plain objects.")
 @click.option("--old", "old_path", type=click.Path(), help="The old object, for UPDATE and DELETE.")
@@ -43,19 +47,20 @@ _OPERATIONS = click.Choice(["CREATE", "UPDATE", "DELETE", "CONNECT"], case_sensi
 @click.option("--group", "groups", multiple=True, help="userInfo.groups entry (repeatable).")
 @click.option("--subresource", default="", help="subResource for plain objects, e.g. status.")
 @input_options
+@now_option
 @gates_option
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.argument("paths", nargs=-1, type=click.Path())
 def test_command(policy_paths: Sequence[str], operation: str, old_path: str | None, namespace_labels: str,
                  user: str, groups: Sequence[str], subresource: str, param_paths: Sequence[str],
-                 context_specs: Sequence[str], authorizer_paths: Sequence[str], feature_gates: str, output: str,
-                 paths: Sequence[str]) -> None:
+                 context_specs: Sequence[str], authorizer_paths: Sequence[str], now_text: str | None,
+                 feature_gates: str, output: str, paths: Sequence[str]) -> None:
     """Run AdmissionPolicyTest suites, or evaluate objects against policies.
 
     Each PATH is a file or directory. In directories, AdmissionPolicyTest suites are run. In
     files, a suite is run, an AdmissionReview is evaluated as it is, and any other object (each
     item of a List) is evaluated as a request with --operation, against the policies given with
-    --policy.
+    --policy (with the AdmissionPolicyExceptions found there, judged at --now).
     Exits 1 when a suite expectation fails, 2 on unusable input.
     """
     use_gates(feature_gates, output)
@@ -63,6 +68,8 @@ def test_command(policy_paths: Sequence[str], operation: str, old_path: str | No
         policies = PolicySet(load_policies(policy_paths)) if policy_paths else PolicySet()
         if policy_paths and not len(policies):
             raise DocumentError(f"no AdmissionPolicy found in {', '.join(policy_paths)}")
+        exceptions = ExceptionSet(checked_exceptions(load_exceptions(policy_paths), policies, "--policy"))
+        now = parse_now(now_text)
         suites, inputs = _classify(paths, policy_paths)
         if not suites and not inputs:
             raise DocumentError("nothing to test: give AdmissionPolicyTest suites or objects (see --help)")
@@ -75,7 +82,7 @@ def test_command(policy_paths: Sequence[str], operation: str, old_path: str | No
         given = read_inputs(param_paths, context_specs, policies)
         answers = combined(read_answers(path) for path in authorizer_paths)
         evaluated = [_evaluate_input(policies, document, operation.upper(), old, labels, user_info, subresource,
-                                     given, answers) for document in inputs]
+                                     given, answers, exceptions, now) for document in inputs]
     except DocumentError as exc:
         fail(exc, output)
     _print_test_results(results, evaluated, output)
@@ -104,7 +111,7 @@ def _classify(paths: Sequence[str], policy_paths: Sequence[str]) -> tuple[list[D
                 suites.append(document)
             elif in_directory:
                 continue
-            elif document.kind == api.KIND:
+            elif document.kind == api.KIND or is_exception(document):
                 if Path(root).resolve() not in policy_files:
                     raise DocumentError(_policy_as_input(document, root))
             else:   # a List (`kubectl get -o yaml`) stands for its items
@@ -114,13 +121,14 @@ def _classify(paths: Sequence[str], policy_paths: Sequence[str]) -> tuple[list[D
 
 def _policy_as_input(document: Document, path: str) -> str:
     """Policies are not objects to test: saying how to pass them beats a vague "nothing to test"."""
-    return (f"{document.source}: an AdmissionPolicy is not an object to test: pass policies with -p, "
+    return (f"{document.source}: an {document.kind} is not an object to test: pass policies with -p, "
             f"as in `admission-policy test -p {path} pod.yaml` (or `admission-policy lint {path}` to compile it)")
 
 
 def _evaluate_input(policies: PolicySet, document: Document, operation: str, old: Any,
                     labels: dict[str, str], user_info: dict[str, Any], subresource: str,
-                    given: StaticInputs, answers: DeclaredAnswers) -> _Evaluated:
+                    given: StaticInputs, answers: DeclaredAnswers, exceptions: ExceptionSet,
+                    now: float | None) -> _Evaluated:
     try:
         if document.kind == "AdmissionReview":
             review_body = document.body
@@ -132,7 +140,7 @@ def _evaluate_input(policies: PolicySet, document: Document, operation: str, old
     except (ReviewError, ValueError) as exc:
         raise DocumentError(f"{document.source}: {exc}") from None
     namespace = namespace_object(request.namespace, labels) if request.namespace else None
-    decision, generated_name = admit(policies, request, namespace, given, answers)
+    decision, generated_name = admit(policies, request, namespace, given, answers, exceptions, now)
     what = f"{request.resource}{'/' + request.sub_resource if request.sub_resource else ''}"
     name = generated_name or request.name
     name = f"{request.namespace}/{name}" if request.namespace else name
