@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Iterable
-from typing import Literal, Protocol
+from typing import Protocol
 
+from ..api import FailurePolicy
 from ..engine import CompiledPolicy
 from .discovery import DiscoveredResource
-
-FailurePolicy = Literal["Fail", "Ignore"]
 
 DOMAIN = "policy-operator.dev"
 EXEMPT_LABEL = f"{DOMAIN}/exempt"

@@ -16,9 +16,10 @@ import dataclasses
 import re
 import socket
 from collections.abc import Callable, Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final
 
-FailurePolicy = Literal["Fail", "Ignore"]
+from ..api import FailurePolicy
+
 Parser = Callable[[str, str], Any]   # (value, variable name) -> value; its ValueError names the variable
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
