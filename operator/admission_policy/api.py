@@ -23,6 +23,11 @@ VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 KIND: Final = "AdmissionPolicy"
 PLURAL: Final = "admissionpolicies"
+# A tenant policy: the same spec, namespaced, judging only its own namespace's objects. Everywhere
+# a policy is named (the engine, reports, metrics, logs) its name is "namespace/name".
+NAMESPACED_KIND: Final = "NamespacedAdmissionPolicy"
+NAMESPACED_PLURAL: Final = "namespacedadmissionpolicies"
+POLICY_KINDS: Final = (KIND, NAMESPACED_KIND)
 
 Enforcement: TypeAlias = Literal["Enforce", "Warn", "Audit"]
 FailurePolicy: TypeAlias = Literal["Fail", "Ignore"]
@@ -327,6 +332,17 @@ class AdmissionPolicy:
     # Audit/Warn failures at admission also go to the audit reports (operator/audit.py).
     report_admission: bool = False
     exceptions: ExceptionRules = ExceptionRules()
+    # A NamespacedAdmissionPolicy's namespace (its ``name`` is "namespace/name"); None: cluster-wide.
+    namespace: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return KIND if self.namespace is None else NAMESPACED_KIND
+
+    @property
+    def object_name(self) -> str:
+        """``metadata.name``: the name without the namespace."""
+        return self.name.rpartition("/")[2]
 
     def rule_names(self) -> tuple[str, ...]:
         """The validations' and mutations' names: what an exception may name to waive."""
@@ -361,7 +377,12 @@ def parse_policy(obj: Any, *, default_failure_policy: FailurePolicy = "Fail") ->
 def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionPolicy:
     root = _mapping(obj, "")
     _check_fields(root, "", "")
-    _, name, generation = object_header(root, KIND)
+    namespace = None
+    if root.get("kind") == NAMESPACED_KIND:
+        metadata, name, generation = object_header(root, NAMESPACED_KIND)
+        namespace = _required_string(metadata.get("namespace"), "metadata.namespace")
+    else:
+        _, name, generation = object_header(root, KIND)
 
     spec = _mapping(root.get("spec"), "spec")
     _check_fields(spec, "spec", "spec")
@@ -395,14 +416,17 @@ def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionP
             _enum(kind, f"spec.podControllers[{i}]", POD_CONTROLLERS)
         _check_unique(pod_controllers, "spec.podControllers", "kind", named=False)
     param_kind, param_ref = _parse_params(spec)
-    context = tuple(_parse_context(item, f"spec.context[{i}]")
+    context = tuple(_parse_context(item, f"spec.context[{i}]", "All" if namespace is None else "RequestNamespace")
                     for i, item in enumerate(_list(spec.get("context", []), "spec.context")))
     _check_unique([c.name for c in context], "spec.context", "context")
+    if namespace is not None:
+        _check_tenant(namespace, match, param_ref, context)
     return AdmissionPolicy(
         param_kind=param_kind,
         param_ref=param_ref,
         context=context,
-        name=name,
+        namespace=namespace,
+        name=name if namespace is None else f"{namespace}/{name}",
         generation=generation,
         description=description,
         enforcement=cast(Enforcement, enforcement),
@@ -415,6 +439,23 @@ def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionP
         report_admission=_boolean(spec.get("reportAdmission", False), "spec.reportAdmission"),
         exceptions=_parse_exception_rules(spec.get("exceptions")),
     )
+
+
+def _check_tenant(namespace: str, match: Match, param_ref: ParamRef | None, context: tuple[ContextEntry, ...]) -> None:
+    """What a NamespacedAdmissionPolicy may not say: it judges, and reads, its own namespace only.
+    (That it names no cluster-scoped kind needs discovery: the operator checks it at apply.)"""
+    own = f"a {NAMESPACED_KIND} judges objects in its own namespace ({namespace}) only"
+    if not match.namespace_selector.is_empty:
+        raise PolicyError("spec.match.namespaceSelector", f"is not allowed: {own}")
+    if match.exclude_namespaces:
+        raise PolicyError("spec.match.excludeNamespaces", f"is not allowed: {own}")
+    if param_ref is not None and param_ref.namespace not in (None, namespace):
+        raise PolicyError("spec.paramRef.namespace", f"must be {namespace!r} or unset: a {NAMESPACED_KIND} reads "
+                                                     "params in its own namespace only")
+    for entry in context:
+        if entry.scope != "RequestNamespace":
+            raise PolicyError(f"{entry.path}.scope", f"must be RequestNamespace (the default here): a "
+                                                     f"{NAMESPACED_KIND} reads objects of its own namespace only")
 
 
 def object_header(root: Mapping[str, Any], kind: str) -> tuple[Mapping[str, Any], str, int]:
@@ -541,7 +582,7 @@ def _parse_params(spec: Mapping[str, Any]) -> tuple[ParamKind | None, ParamRef |
                                                   cast(Literal["Allow", "Deny"], action))
 
 
-def _parse_context(value: Any, path: str) -> ContextEntry:
+def _parse_context(value: Any, path: str, default_scope: str) -> ContextEntry:
     raw = _mapping(value, path)
     _check_fields(raw, path, "spec.context[]")
     name = _string(raw.get("name"), f"{path}.name")
@@ -553,7 +594,7 @@ def _parse_context(value: Any, path: str) -> ContextEntry:
     resource = _string(raw.get("resource"), f"{path}.resource")
     if not resource or "/" in resource or resource == "*":
         raise PolicyError(f"{path}.resource", f"{resource!r} is not a resource: name one plural, e.g. \"deployments\"")
-    scope = _enum(raw.get("scope", "All"), f"{path}.scope", CONTEXT_SCOPES)
+    scope = _enum(raw.get("scope", default_scope), f"{path}.scope", CONTEXT_SCOPES)
     max_objects = raw.get("maxObjects", DEFAULT_MAX_OBJECTS)
     if not isinstance(max_objects, int) or isinstance(max_objects, bool) or not 1 <= max_objects <= MAX_OBJECTS_LIMIT:
         raise PolicyError(f"{path}.maxObjects", f"must be a whole number from 1 to {MAX_OBJECTS_LIMIT:,} "

@@ -16,9 +16,11 @@ import yaml
 from chart_render import CHART_DIR, NAMESPACE, RELEASE, ROOT, SCENARIOS, crd_documents, render
 
 from admission_policy import features
-from admission_policy.operator.config import SETTINGS
+from admission_policy.operator.config import SETTINGS, OperatorConfig
 
-ROOT_CRD = ROOT / "crds" / "admissionpolicy.yaml"
+ROOT_CRDS = ROOT / "crds"
+# Kopf's peering CRD is the chart's own: the repository's crds/ holds only the project's.
+CHART_ONLY_CRDS = {"kopfpeering.yaml"}
 
 # The Kubernetes versions the chart is validated against: the oldest it claims (Chart.yaml
 # kubeVersion) and the newest kubernetes-validate ships.
@@ -68,7 +70,18 @@ def pod_labels(docs: list[dict]) -> dict[str, str]:
 
 
 def operator_cluster_role(docs: list[dict]) -> dict:
-    (role,) = [d for d in all_of(docs, "ClusterRole") if component_of(d) is None]
+    (role,) = [d for d in all_of(docs, "ClusterRole")
+               if component_of(d) is None and not d["metadata"]["name"].endswith(EXCEPTION_ROLES + TENANT_ROLES)]
+    return role
+
+
+# The ClusterRoles for people, not for the operator: exception-roles.yaml, tenant-roles.yaml.
+EXCEPTION_ROLES = ("-exception-editor", "-exception-approver")
+TENANT_ROLES = ("-tenant-policy-editor", "-tenant-policy-viewer")
+
+
+def cluster_role_ending(docs: list[dict], suffix: str) -> dict:
+    (role,) = [d for d in all_of(docs, "ClusterRole") if d["metadata"]["name"].endswith(suffix)]
     return role
 
 
@@ -130,19 +143,22 @@ def test_every_manifest_passes_kubernetes_schema(chart: helm.Chart, scenario: st
 
 def test_crds_pass_kubernetes_schema(chart: helm.Chart) -> None:
     crds = crd_documents(chart)
-    assert set(crds) == {"admissionpolicies.policy-operator.dev", "clusterkopfpeerings.kopf.dev"}
+    assert set(crds) == {"admissionpolicies.policy-operator.dev", "admissionpolicyexceptions.policy-operator.dev",
+                         "namespacedadmissionpolicies.policy-operator.dev", "clusterkopfpeerings.kopf.dev"}
     for crd in crds.values():
         for version in KUBE_VERSIONS:
             kubernetes_validate.validate(crd, version, strict=True)
 
 
-def test_chart_crd_is_a_copy_of_the_single_source() -> None:
-    assert ROOT_CRD.is_file(), "crds/admissionpolicy.yaml (the single source) is missing"
-    copy = CHART_DIR / "crds" / "admissionpolicy.yaml"
-    assert copy.read_bytes() == ROOT_CRD.read_bytes(), (
-        "charts/admission-policy-operator/crds/admissionpolicy.yaml differs from crds/admissionpolicy.yaml; "
-        "run: cp crds/admissionpolicy.yaml charts/admission-policy-operator/crds/"
-    )
+def test_chart_crds_are_copies_of_the_single_source() -> None:
+    sources = {path.name for path in ROOT_CRDS.glob("*.yaml")}
+    assert {"admissionpolicy.yaml", "admissionpolicyexception.yaml", "namespacedadmissionpolicy.yaml"} <= sources
+    assert {path.name for path in (CHART_DIR / "crds").glob("*.yaml")} == sources | CHART_ONLY_CRDS
+    for name in sorted(sources):
+        assert (CHART_DIR / "crds" / name).read_bytes() == (ROOT_CRDS / name).read_bytes(), (
+            f"charts/admission-policy-operator/crds/{name} differs from crds/{name}; "
+            f"run: cp crds/{name} charts/admission-policy-operator/crds/"
+        )
 
 
 def test_kopf_peering_crd_and_object(chart: helm.Chart) -> None:
@@ -183,8 +199,9 @@ def test_no_rbac_wildcards(chart: helm.Chart, scenario: str) -> None:
     values, namespace = SCENARIOS[scenario]
     roles = [d for d in render(chart, values, namespace) if d["kind"] in ("Role", "ClusterRole")]
     # The operator's ClusterRole, its Roles in the release namespace and in "default" (events), the
-    # cleanup hook's ClusterRole.
-    assert len(roles) == 4
+    # cleanup hook's ClusterRole, the exception editor's and approver's ClusterRoles, the tenant
+    # policy editor's and viewer's.
+    assert len(roles) == 8
     for role in roles:
         for rule in role["rules"]:
             assert "nonResourceURLs" not in rule
@@ -205,6 +222,13 @@ def test_operator_cluster_role_is_exactly_what_the_operator_uses(chart: helm.Cha
     # What the operator and Kopf call (tests/e2e/test_e2e_chart.py runs the operator with these roles).
     allow("policy-operator.dev", "admissionpolicies", "list watch patch")
     allow("policy-operator.dev", "admissionpolicies/status", "patch")
+    # Tenant policies: the same lifecycle, in every namespace.
+    allow("policy-operator.dev", "namespacedadmissionpolicies", "list watch patch")
+    allow("policy-operator.dev", "namespacedadmissionpolicies/status", "patch")
+    # Exceptions: watched, never patched (no finalizer); their status written; events in their namespace.
+    allow("policy-operator.dev", "admissionpolicyexceptions", "list watch")
+    allow("policy-operator.dev", "admissionpolicyexceptions/status", "patch")
+    allow("", "events", "create")
     allow("apiextensions.k8s.io", "customresourcedefinitions", "list watch")
     allow("", "namespaces", "get list watch")
     for kind in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):
@@ -320,6 +344,91 @@ def test_events_role_in_default_is_events_create_only(chart: helm.Chart, scenari
     assert role["metadata"]["name"].startswith(f"{namespace}-")
     sa = operator_deployment(docs)["spec"]["template"]["spec"]["serviceAccountName"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}]
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "custom-namespace", "everything"])
+def test_exceptions_are_requested_and_approved_through_roles_granted_explicitly(chart: helm.Chart,
+                                                                                scenario: str) -> None:
+    """Issue 27: requesting an exception and approving one are separate permissions, and neither
+    reaches anyone (admin, edit, view) until a cluster admin binds the role."""
+    values, namespace = SCENARIOS[scenario]
+    docs = render(chart, values, namespace)
+    editor, approver = (cluster_role_ending(docs, suffix) for suffix in EXCEPTION_ROLES)
+    group = "policy-operator.dev"
+    assert rules_of(editor) == {(group, "admissionpolicyexceptions", verb, None)
+                                for verb in ("get", "list", "watch", "create", "update", "patch", "delete")}
+    assert rules_of(approver) == {
+        *{(group, "admissionpolicyexceptions", verb, None) for verb in ("get", "list", "watch", "patch")},
+        # What the operator's SubjectAccessReview asks before it records an approval.
+        (group, "admissionpolicyexceptions/approval", "approve", None),
+    }
+    for role in (editor, approver):
+        assert not [label for label in role["metadata"]["labels"] if "aggregate-to" in label]
+        assert "aggregationRule" not in role
+        assert role["metadata"]["name"].startswith(f"{namespace}-")   # releases never share them
+    bound = {d["roleRef"]["name"] for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")}
+    assert not bound & {editor["metadata"]["name"], approver["metadata"]["name"]}
+    # Nothing else the chart grants reaches the approval.
+    others = [d for d in docs if d["kind"] in ("Role", "ClusterRole") and d is not approver]
+    assert not any(verb == "approve" for role in others for _, _, verb, _ in rules_of(role))
+
+
+def test_exception_roles_keep_their_suffix_within_63_characters(chart: helm.Chart) -> None:
+    docs = render(chart, {}, "a-namespace-with-a-name-long-enough-to-cut-the-role-names")
+    for suffix in EXCEPTION_ROLES:
+        name = cluster_role_ending(docs, suffix)["metadata"]["name"]
+        assert len(name) <= 63 and name.endswith(suffix), name
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "custom-namespace", "everything"])
+def test_namespace_admins_manage_tenant_policies_and_viewers_read_them(chart: helm.Chart, scenario: str) -> None:
+    """Issue 27: the chart aggregates writing NamespacedAdmissionPolicies into the built-in `admin`
+    ClusterRole (bound in a namespace, it reaches that namespace only) and reading them into `view`
+    (which Kubernetes aggregates into `edit`); `edit` may not write one, since a tenant policy can deny
+    the namespace's writes."""
+    values, namespace = SCENARIOS[scenario]
+    docs = render(chart, values, namespace)
+    editor, viewer = (cluster_role_ending(docs, suffix) for suffix in TENANT_ROLES)
+    group, resource = "policy-operator.dev", "namespacedadmissionpolicies"
+    assert rules_of(editor) == {(group, resource, verb, None)
+                                for verb in ("get", "list", "watch", "create", "update", "patch", "delete")}
+    assert rules_of(viewer) == {(group, resource, verb, None) for verb in ("get", "list", "watch")}
+
+    def aggregated_into(role: dict) -> set[str]:
+        prefix = "rbac.authorization.k8s.io/aggregate-to-"
+        return {label.removeprefix(prefix) for label, value in role["metadata"]["labels"].items()
+                if label.startswith(prefix) and value == "true"}
+    assert aggregated_into(editor) == {"admin"}
+    assert aggregated_into(viewer) == {"view"}
+    for role in (editor, viewer):
+        assert "aggregationRule" not in role
+        assert role["metadata"]["name"].startswith(f"{namespace}-")   # releases never share them
+    bound = {d["roleRef"]["name"] for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")}
+    assert not bound & {editor["metadata"]["name"], viewer["metadata"]["name"]}
+
+
+def test_tenant_policies_can_be_left_out_of_the_built_in_roles(chart: helm.Chart) -> None:
+    docs = render(chart, {"rbac": {"aggregateTenantPolicies": False}})
+    assert [d["metadata"]["name"] for d in all_of(docs, "ClusterRole") if d["metadata"]["name"].endswith(TENANT_ROLES)
+            ] == []
+    assert not [label for role in all_of(docs, "ClusterRole") for label in role["metadata"]["labels"]
+                if "aggregate-to" in label]
+    # The operator itself still reconciles them.
+    operator_rules = rules_of(operator_cluster_role(docs))
+    assert ("policy-operator.dev", "namespacedadmissionpolicies", "watch", None) in operator_rules
+
+
+def test_tenant_roles_keep_their_suffix_within_63_characters(chart: helm.Chart) -> None:
+    docs = render(chart, {}, "a-namespace-with-a-name-long-enough-to-cut-the-role-names")
+    for suffix in TENANT_ROLES:
+        name = cluster_role_ending(docs, suffix)["metadata"]["name"]
+        assert len(name) <= 63 and name.endswith(suffix), name
+
+
+def test_rbac_create_false_renders_no_roles(chart: helm.Chart) -> None:
+    docs = render(chart, {"rbac": {"create": False}})
+    assert [d for d in docs if d["kind"] in ("Role", "ClusterRole") and not d["metadata"].get("annotations", {})
+            .get("helm.sh/hook")] == []
 
 
 # --------------------------------------------------------------------------------------------
@@ -477,6 +586,19 @@ def test_chart_env_and_operator_settings_agree(chart: helm.Chart, scenario: str)
     assert settings - chart_env - CHART_LEAVES_AT_DEFAULT == set(), \
         "settings the chart neither sets nor lists in CHART_LEAVES_AT_DEFAULT"
     assert chart_env & CHART_LEAVES_AT_DEFAULT == set(), "set by the chart: remove from CHART_LEAVES_AT_DEFAULT"
+
+
+def test_tenant_policy_limits_reach_the_operator_as_it_parses_them(chart: helm.Chart) -> None:
+    def tenant_settings(values: dict[str, Any]) -> tuple[int, int, tuple[str, ...]]:
+        env = env_of(operator_container(render(chart, values)))
+        config = OperatorConfig.from_env({name: value for name, value in env.items() if name.startswith("AP_TENANT_")})
+        return config.tenant_max_policies, config.tenant_max_cost, config.tenant_plugins
+
+    defaults = OperatorConfig()
+    assert tenant_settings({}) == (defaults.tenant_max_policies, defaults.tenant_max_cost, ())
+    # A cost Helm would write as 1e+15 unless the template converts it back to an integer.
+    chosen = {"maxPolicies": 0, "maxCost": 10**15, "plugins": ["image-references", "tls-secrets"]}
+    assert tenant_settings({"tenantPolicies": chosen}) == (0, 10**15, ("image-references", "tls-secrets"))
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
@@ -643,6 +765,10 @@ def test_custom_namespace_everywhere(chart: helm.Chart) -> None:
             {"rbac": {"contextResources": [{"apiGroups": ["apps"], "resources": ["*"]}]}},
             r"/rbac/contextResources/0/resources/0",
         ),
+        ({"rbac": {"aggregateTenantPolicies": "yes"}}, r"/rbac/aggregateTenantPolicies.*got string, want boolean"),
+        ({"tenantPolicies": {"maxPolicies": -1}}, r"/tenantPolicies/maxPolicies.*minimum"),
+        ({"tenantPolicies": {"plugins": "image-references"}}, r"/tenantPolicies/plugins.*got string, want array"),
+        ({"tenantPolicies": {"plugins": ["Image References"]}}, r"/tenantPolicies/plugins/0"),
     ],
 )
 def test_schema_rejects_bad_values(chart: helm.Chart, values: dict[str, Any], expected: str) -> None:

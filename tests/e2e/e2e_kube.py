@@ -35,7 +35,9 @@ from ports import free_ports
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-CRD_FILE = ROOT / "crds" / "admissionpolicy.yaml"
+REPORT_CRDS = ROOT / "charts" / "admission-policy-operator" / "files" / "openreports-crds.yaml"
+CRD_DIR = ROOT / "crds"
+CRD_FILE = CRD_DIR / "admissionpolicy.yaml"
 CRD_NAME = "admissionpolicies.policy-operator.dev"
 OPERATOR_MODULE = "admission_policy.operator.handlers"
 
@@ -106,6 +108,51 @@ class AdmissionPolicy(APIObject):  # type: ignore[misc]
     version = "policy-operator.dev/v1alpha1"
     endpoint = "admissionpolicies"
     kind = "AdmissionPolicy"
+
+
+class AdmissionPolicyException(NamespacedAPIObject):  # type: ignore[misc]
+    version = "policy-operator.dev/v1alpha1"
+    endpoint = "admissionpolicyexceptions"
+    kind = "AdmissionPolicyException"
+
+
+class NamespacedAdmissionPolicy(NamespacedAPIObject):  # type: ignore[misc]
+    version = "policy-operator.dev/v1alpha1"
+    endpoint = "namespacedadmissionpolicies"
+    kind = "NamespacedAdmissionPolicy"
+
+
+class Report(NamespacedAPIObject):  # type: ignore[misc]
+    """An openreports Report: the background audit's results in one namespace."""
+    version = "openreports.io/v1alpha1"
+    endpoint = "reports"
+    kind = "Report"
+
+
+class ClusterReport(APIObject):  # type: ignore[misc]
+    version = "openreports.io/v1alpha1"
+    endpoint = "clusterreports"
+    kind = "ClusterReport"
+
+
+def chart_cluster_roles(*suffixes: str) -> list[dict[str, Any]]:
+    """The chart's ClusterRoles whose names end with one of ``suffixes``, as `helm install` renders them."""
+    import helm_python as helm
+    sys.path.insert(0, str(ROOT / "tests" / "chart"))
+    from chart_render import CHART_DIR, render
+    with helm.Chart.load(CHART_DIR) as chart:
+        docs = render(chart)
+    return [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith(suffixes)]
+
+
+def install_report_crds(cluster: Cluster) -> None:
+    """The openreports CRDs, as the chart's ``reports.installCRDs=true`` installs them (left in
+    place: other tests and runs reuse them)."""
+    for crd in yaml.safe_load_all(REPORT_CRDS.read_text()):
+        if cluster.get(pykube.CustomResourceDefinition, crd["metadata"]["name"]).status == 404:
+            created = cluster.create(pykube.CustomResourceDefinition, crd)
+            assert created.ok, str(created)
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}", "--timeout=60s")
 
 
 class ValidatingWebhookConfiguration(APIObject):  # type: ignore[misc]
@@ -321,19 +368,25 @@ class Cluster:
             pytest.fail(f"cannot use the API server of {self.settings.kubeconfig}: {problem}", pytrace=False)
 
     def apply_crd(self) -> None:
-        """`kubectl apply --server-side -f crds/admissionpolicy.yaml`, then wait until Established."""
-        crd = yaml.safe_load(CRD_FILE.read_text())
-        assert crd["metadata"]["name"] == CRD_NAME
-        answer = self.call("PATCH", pykube.CustomResourceDefinition, CRD_NAME, body=crd,
-                           params={"fieldManager": FIELD_MANAGER, "force": "true"},
-                           content_type="application/apply-patch+yaml")
-        assert answer.ok, f"applying {CRD_FILE.name} failed: {answer}"
+        """`kubectl apply --server-side -f crds/` (every CRD of the project), then wait until each is
+        Established."""
+        names = []
+        for path in sorted(CRD_DIR.glob("*.yaml")):
+            crd = yaml.safe_load(path.read_text())
+            name = crd["metadata"]["name"]
+            answer = self.call("PATCH", pykube.CustomResourceDefinition, name, body=crd,
+                               params={"fieldManager": FIELD_MANAGER, "force": "true"},
+                               content_type="application/apply-patch+yaml")
+            assert answer.ok, f"applying {path.name} failed: {answer}"
+            names.append(name)
+        assert CRD_NAME in names, f"{CRD_FILE} is missing"
 
         def established(a: Answer) -> bool:
             conditions = (a.obj.get("status") or {}).get("conditions") or []
             return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
-        eventually(lambda: self.get(pykube.CustomResourceDefinition, CRD_NAME), established,
-                   f"CRD {CRD_NAME} to be Established", self.settings.timeout)
+        for name in names:
+            eventually(lambda name=name: self.get(pykube.CustomResourceDefinition, name), established,
+                       f"CRD {name} to be Established", self.settings.timeout)
 
     def create_namespace(self, name: str, labels: Mapping[str, str] | None = None) -> None:
         """A fresh namespace where pods can be created at once (its default ServiceAccount exists)."""

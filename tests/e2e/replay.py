@@ -186,6 +186,10 @@ NOT_REPLAYED = {
     # cluster a moment behind each write: tests/e2e/test_e2e_params_context.py plays the same story
     # against the real API server, in order, waiting for the caches where a denial depends on them.
     "deployment-quota": "params and context differ per case; see test_e2e_params_context.py",
+    # A NamespacedAdmissionPolicy judges the namespace it lives in, by name, and its cases compare two
+    # namespaces; the replay moves every case into a fresh namespace of its own, which would judge neither.
+    # tests/e2e/test_e2e_tenant_policies.py plays the same story in real namespaces, as a tenant admin.
+    "tenant-policy": "a tenant policy judges its own namespace; see test_e2e_tenant_policies.py",
 }
 # Cases likewise, by (example, case name).
 NOT_REPLAYED_CASES = {
@@ -195,8 +199,11 @@ NOT_REPLAYED_CASES = {
     **{("protect-drained-pods", name): "the Pod comes from the operator's cache; see tests/node"
        for name in ("evicting a protected pod that is not drained (kubectl drain) is denied",
                     "evicting it once drained is allowed", "evicting a pod that is not protected is allowed")},
-    # Admitted only under an AdmissionPolicyException, which the operator does not load yet (docs/exceptions.md).
-    **{("policy-exception", name): "the operator does not load AdmissionPolicyExceptions yet"
+    # Admitted only under an AdmissionPolicyException whose approval record (annotations) and clock
+    # (the suite's now:) a cluster cannot be given: the operator refuses a record it did not write, and
+    # time is real. test_e2e_exceptions.py runs the same flow with real identities and the real clock.
+    **{("policy-exception", name): "an approval record and a clock only a real approval flow gives; see "
+                                   "test_e2e_exceptions.py"
        for name in ("a legacy Pod is admitted under the approved exception, with a warning",
                     "the legacy Deployment's Pod template is covered by the same exception",
                     "one second before it expires, the legacy Pod is still admitted")},

@@ -32,6 +32,9 @@ from pykube.objects import APIObject
 
 DOMAIN = "policy-operator.dev"
 POLICY_WEBHOOK = f"policies.validate.{DOMAIN}"   # the fixed entry that validates AdmissionPolicies
+TENANT_POLICY_WEBHOOK = f"tenant-policies.validate.{DOMAIN}"   # ... and NamespacedAdmissionPolicies
+EXCEPTION_WEBHOOKS = (f"exceptions.validate.{DOMAIN}",   # the fixed entries that review AdmissionPolicyExceptions
+                      f"exceptions.mutate.{DOMAIN}")
 FAIL_WEBHOOK = f"fail.validate.{DOMAIN}"         # routes the resources of failurePolicy Fail policies
 IGNORE_WEBHOOK = f"ignore.validate.{DOMAIN}"     # ... and of failurePolicy Ignore ones
 PEERING_CRD_FILE = ROOT / "charts" / "admission-policy-operator" / "crds" / "kopfpeering.yaml"

@@ -18,45 +18,34 @@ import pytest
 import requests
 import yaml
 from click.testing import CliRunner
-from e2e_kube import OWNED_LABEL, AdmissionPolicy, Cluster, OperatorProcess, Policies, eventually, policy_body, unique
+from e2e_kube import (
+    OWNED_LABEL,
+    AdmissionPolicy,
+    Cluster,
+    ClusterReport,
+    OperatorProcess,
+    Policies,
+    Report,
+    eventually,
+    install_report_crds,
+    policy_body,
+    unique,
+)
 from prometheus_client.parser import text_string_to_metric_families
-from pykube.objects import APIObject, NamespacedAPIObject
+from pykube.objects import APIObject
 from replicas import replicas, requests_judged
 
 from admission_policy import reports
 from admission_policy.cli import main
 from admission_policy.operator import handoff
 
-REPORT_CRDS = pathlib.Path(__file__).resolve().parents[2] / "charts" / "admission-policy-operator" / "files" / \
-    "openreports-crds.yaml"
 INTERVAL = 3
-
-
-class Report(NamespacedAPIObject):  # type: ignore[misc]
-    version = reports.API_VERSION
-    endpoint = reports.REPORTS
-    kind = reports.REPORT
-
-
-class ClusterReport(APIObject):  # type: ignore[misc]
-    version = reports.API_VERSION
-    endpoint = reports.CLUSTER_REPORTS
-    kind = reports.CLUSTER_REPORT
 
 
 class ClusterRole(APIObject):  # type: ignore[misc]
     version = "rbac.authorization.k8s.io/v1"
     endpoint = "clusterroles"
     kind = "ClusterRole"
-
-
-def install_report_crds(cluster: Cluster) -> None:
-    """As ``reports.installCRDs=true`` installs them (left in place: other runs reuse them)."""
-    for crd in yaml.safe_load_all(REPORT_CRDS.read_text()):
-        if cluster.get(pykube.CustomResourceDefinition, crd["metadata"]["name"]).status == 404:
-            created = cluster.create(pykube.CustomResourceDefinition, crd)
-            assert created.ok, str(created)
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}", "--timeout=60s")
 
 
 def audit_policy(name: str, selector: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from e2e_kube import (
     AdmissionPolicy,
     Answer,
     Cluster,
+    MutatingWebhookConfiguration,
     OperatorProcess,
     Policies,
     ValidatingWebhookConfiguration,
@@ -142,10 +143,33 @@ def test_a_broken_edit_is_refused_and_a_policy_that_slipped_in_goes_failed_until
     assert conditions["Compiled"]["status"] == "True" and conditions["Compiled"]["observedGeneration"] == 2
 
 
+@pytest.mark.parametrize(("name", "path"), [
+    ("policies.validate.policy-operator.dev", "/validate-policy"),
+    ("tenant-policies.validate.policy-operator.dev", "/validate-tenant-policy"),
+])
 def test_the_webhook_configuration_names_the_operator_for_policies_only_where_a_spec_is_written(
-        cluster: Cluster, operator: OperatorProcess) -> None:
-    """The fixed entry as the API server stored it (matchConditions are beta in 1.28: not dropped)."""
+        cluster: Cluster, operator: OperatorProcess, name: str, path: str) -> None:
+    """The fixed entries as the API server stored them (matchConditions are beta in 1.28: not dropped)."""
     configuration = cluster.get(ValidatingWebhookConfiguration, cluster.settings.webhook_config_name).obj
-    (entry,) = [w for w in configuration["webhooks"] if w["name"] == "policies.validate.policy-operator.dev"]
+    (entry,) = [w for w in configuration["webhooks"] if w["name"] == name]
     assert [c["name"] for c in entry.get("matchConditions") or []] == ["spec-written"], entry
-    assert entry["clientConfig"]["url"] == f"{operator.url}/validate-policy"
+    assert entry["clientConfig"]["url"] == f"{operator.url}{path}"
+
+
+@pytest.mark.parametrize(("kind", "name", "path"), [
+    (ValidatingWebhookConfiguration, "exceptions.validate.policy-operator.dev", "/validate-exception"),
+    (MutatingWebhookConfiguration, "exceptions.mutate.policy-operator.dev", "/mutate-exception"),
+])
+def test_the_webhook_configurations_name_the_operator_for_exceptions_where_their_record_or_spec_is_written(
+        cluster: Cluster, operator: OperatorProcess, kind: type[Any], name: str, path: str) -> None:
+    """The fixed entries as the API server stored them: it compiled their matchCondition in its own
+    CEL environment, and no selector lets an exempt namespace or label skip an exception's review."""
+    configuration = cluster.get(kind, cluster.settings.webhook_config_name).obj
+    (entry,) = [w for w in configuration["webhooks"] if w["name"] == name]
+    assert [c["name"] for c in entry.get("matchConditions") or []] == ["record-or-spec-written"], entry
+    assert entry["clientConfig"]["url"] == f"{operator.url}{path}"
+    assert entry["failurePolicy"] == "Fail"
+    assert entry["rules"] == [{"apiGroups": ["policy-operator.dev"], "apiVersions": ["v1alpha1"],
+                               "operations": ["CREATE", "UPDATE"], "resources": ["admissionpolicyexceptions"],
+                               "scope": "Namespaced"}]
+    assert entry.get("namespaceSelector") in (None, {}) and entry.get("objectSelector") in (None, {}), entry

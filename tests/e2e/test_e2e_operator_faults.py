@@ -61,9 +61,11 @@ from e2e_kube import (
 from replicas import (
     BROKEN_CONNECTION,
     DOMAIN,
+    EXCEPTION_WEBHOOKS,
     FAIL_WEBHOOK,
     IGNORE_WEBHOOK,
     POLICY_WEBHOOK,
+    TENANT_POLICY_WEBHOOK,
     TcpProxy,
     log_of,
     pauses,
@@ -354,14 +356,21 @@ def test_a_killed_operator_leaves_the_cluster_usable_and_a_restart_picks_everyth
         lambda: (webhooks(cluster, ValidatingWebhookConfiguration), webhooks(cluster, MutatingWebhookConfiguration)),
         settled, "the deleted policy's podtemplates to leave the configurations", timeout)
     names = [hook["name"] for hook in validating_hooks]
-    assert sorted(names) == sorted([POLICY_WEBHOOK, FAIL_WEBHOOK, IGNORE_WEBHOOK]), names
-    assert mutating_hooks == [], f"no policy mutates, yet: {[h['name'] for h in mutating_hooks]}"
+    validate_exceptions, mutate_exceptions = EXCEPTION_WEBHOOKS
+    assert sorted(names) == sorted([POLICY_WEBHOOK, TENANT_POLICY_WEBHOOK, validate_exceptions, FAIL_WEBHOOK,
+                                    IGNORE_WEBHOOK]), names
+    # No policy mutates: the mutating configuration holds only the fixed exception entry.
+    assert [hook["name"] for hook in mutating_hooks] == [mutate_exceptions], routed(mutating_hooks)
+    assert routed(mutating_hooks) == {mutate_exceptions: {"admissionpolicyexceptions"}}
     by_name = {hook["name"]: hook for hook in validating_hooks}
-    assert routed(validating_hooks) == {POLICY_WEBHOOK: {"admissionpolicies"}, FAIL_WEBHOOK: {"configmaps"},
+    assert routed(validating_hooks) == {POLICY_WEBHOOK: {"admissionpolicies"},
+                                        TENANT_POLICY_WEBHOOK: {"namespacedadmissionpolicies"},
+                                        validate_exceptions: {"admissionpolicyexceptions"},
+                                        FAIL_WEBHOOK: {"configmaps"},
                                         IGNORE_WEBHOOK: {"secrets"}}, routed(validating_hooks)
     assert by_name[FAIL_WEBHOOK]["failurePolicy"] == "Fail"
     assert by_name[IGNORE_WEBHOOK]["failurePolicy"] == "Ignore"
-    for hook in validating_hooks:
+    for hook in [*validating_hooks, *mutating_hooks]:
         assert hook["clientConfig"]["url"].startswith(operator.url), hook["clientConfig"]
 
 

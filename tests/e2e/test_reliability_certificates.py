@@ -90,7 +90,7 @@ def trusted_cas(cluster: Cluster) -> dict[str, frozenset[str]]:
         hooks = (answer.obj.get("webhooks") or []) if answer.ok else []
         bundles = [frozenset(key_id(ca) for ca in x509.load_pem_x509_certificates(
             base64.b64decode(hook["clientConfig"]["caBundle"]))) for hook in hooks]
-        if bundles:   # no webhook (no policy mutates): nothing is called, nothing to trust
+        if bundles:   # no configuration: nothing is called, nothing to trust
             trusted[cls.kind] = frozenset.intersection(*bundles)
     return trusted
 
@@ -295,12 +295,12 @@ def test_a_ca_expired_before_the_operator_starts_is_replaced_without_an_admin(
         assert created.ok, str(created)
         # What the configurations held when that operator stopped: its CA only.
         stale = base64.b64encode(expired.ca_bundle.encode()).decode()
-        validating = cluster.get(ValidatingWebhookConfiguration, cluster.settings.webhook_config_name).obj
-        for hook in validating["webhooks"]:
-            hook["clientConfig"]["caBundle"] = stale
-        replaced = cluster.call("PUT", ValidatingWebhookConfiguration, validating["metadata"]["name"],
-                                body=validating)
-        assert replaced.ok, str(replaced)
+        for cls in (ValidatingWebhookConfiguration, MutatingWebhookConfiguration):   # both hold a webhook
+            configuration = cluster.get(cls, cluster.settings.webhook_config_name).obj
+            for hook in configuration["webhooks"]:
+                hook["clientConfig"]["caBundle"] = stale
+            replaced = cluster.call("PUT", cls, configuration["metadata"]["name"], body=configuration)
+            assert replaced.ok, str(replaced)
 
         started = time.monotonic()
         group.start()

@@ -70,7 +70,7 @@ from kopf._cogs.structs.credentials import Vault
 T = TypeVar('T')
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-CRD_PATH = REPO_ROOT / 'crds' / 'admissionpolicy.yaml'
+CRD_DIR = REPO_ROOT / 'crds'
 
 ADMISSION_POLICIES = 'policy-operator.dev/v1alpha1/admissionpolicies'
 NAMESPACES = 'v1/namespaces'
@@ -91,7 +91,7 @@ BUILTIN_RESOURCES = [
     VALIDATING_WEBHOOK_CONFIGURATIONS, MUTATING_WEBHOOK_CONFIGURATIONS, CRDS,
 ]
 
-# Used only if crds/admissionpolicy.yaml is absent; mirrors crds/admissionpolicy.yaml in short.
+# Used only if crds/ holds no CRD; mirrors crds/admissionpolicy.yaml in short.
 FALLBACK_CRD: dict[str, Any] = {
     'apiVersion': 'apiextensions.k8s.io/v1',
     'kind': 'CustomResourceDefinition',
@@ -446,14 +446,11 @@ class ShimmedEmulator(kmock.KubernetesEmulator):
 # The test-facing wrapper: lifecycle, declarations, client helpers.
 # --------------------------------------------------------------------------------------------
 
-def load_crds(path: pathlib.Path = CRD_PATH) -> list[dict[str, Any]]:
-    """The project's CRDs from ``crds/admissionpolicy.yaml`` (or the hand-declared fallback)."""
-    if path.exists():
-        docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
-        crds = [doc for doc in docs if doc.get('kind') == 'CustomResourceDefinition']
-        if crds:
-            return crds
-    return [copy.deepcopy(FALLBACK_CRD)]
+def load_crds(directory: pathlib.Path = CRD_DIR) -> list[dict[str, Any]]:
+    """The project's CRDs, every ``crds/*.yaml`` (or the hand-declared fallback)."""
+    docs = [doc for path in sorted(directory.glob('*.yaml')) for doc in yaml.safe_load_all(path.read_text()) if doc]
+    crds = [doc for doc in docs if doc.get('kind') == 'CustomResourceDefinition']
+    return crds or [copy.deepcopy(FALLBACK_CRD)]
 
 
 def _peering_crd(resource: str, kind: str, namespaced: bool) -> dict[str, Any]:

@@ -104,7 +104,8 @@ async def test_configurations_are_created_then_left_alone_then_replaced(
     assert await apply_configurations(api, validating, mutating) is True
     stored = emulator.peek(MUTATING_WEBHOOK_CONFIGURATIONS, SETTINGS.webhook_config_name)
     assert stored is not None
-    assert [w["name"] for w in stored["webhooks"]] == ["ignore.connect.mutate.policy-operator.dev"]
+    assert [w["name"] for w in stored["webhooks"]] == ["exceptions.mutate.policy-operator.dev",
+                                                       "ignore.connect.mutate.policy-operator.dev"]
     stored = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, SETTINGS.webhook_config_name)
     assert stored is not None
     assert base64.b64decode(stored["webhooks"][0]["clientConfig"]["caBundle"]) == b"NEW CA\n"

@@ -65,3 +65,32 @@ async def test_after_a_post_that_fails_on_the_connection_later_events_are_still_
             poster.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await poster
+
+
+async def test_a_tenant_policys_denials_are_posted_in_its_namespace(emulator: Emulator) -> None:
+    """``kubectl describe namespacedadmissionpolicy`` in the tenant's namespace lists its events: they
+    name the policy by its own name, kind and namespace, not the "namespace/name" the engine uses."""
+    events = PolicyEvents("test", interval=0.05)
+    asked: list[str] = []
+
+    def uid_of(policy: str) -> str:
+        asked.append(policy)
+        return f"uid-of-{policy}"
+
+    api = await kube.new_api_client()
+    async with api:
+        poster = asyncio.create_task(events.run(api, uid_of))
+        try:
+            events.record_denial("team-a/no-privileged", "no privileged containers")
+            await wait_for(lambda: emulator.events_for("no-privileged") or poster.done(), timeout=10)
+        finally:
+            poster.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poster
+    (event,) = emulator.events_for("no-privileged", namespace="team-a")
+    assert event["metadata"]["namespace"] == "team-a"
+    assert event["involvedObject"] == {"apiVersion": "policy-operator.dev/v1alpha1",
+                                       "kind": "NamespacedAdmissionPolicy", "name": "no-privileged",
+                                       "namespace": "team-a", "uid": "uid-of-team-a/no-privileged"}
+    assert event["reason"] == "Denied" and "last: no privileged containers" in event["message"]
+    assert asked == ["team-a/no-privileged"]

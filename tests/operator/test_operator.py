@@ -179,8 +179,9 @@ POD_CONTROLLER_RESOURCES = frozenset({"deployments", "replicasets", "statefulset
 
 def routed_resources(emulator: Emulator) -> set[str]:
     config = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME) or {}
-    fixed = "policies.validate.policy-operator.dev"
-    return {resource for webhook in config.get("webhooks", []) if webhook["name"] != fixed
+    fixed = ("policies.validate.policy-operator.dev", "tenant-policies.validate.policy-operator.dev",
+             "exceptions.validate.policy-operator.dev")
+    return {resource for webhook in config.get("webhooks", []) if webhook["name"] not in fixed
             for rule in webhook.get("rules", []) for resource in rule["resources"]}
 
 
@@ -218,12 +219,17 @@ async def test_written_configurations_field_by_field(
     mutating = emulator.peek(MUTATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
     assert validating is not None and mutating is not None
     port = env["AP_LISTEN_PORT"]
-    fixed, routed = validating["webhooks"]
+    fixed, tenant, exceptions, routed = validating["webhooks"]
     assert fixed["name"] == "policies.validate.policy-operator.dev"
+    assert tenant["name"] == "tenant-policies.validate.policy-operator.dev"
+    assert tenant["clientConfig"]["url"] == f"https://127.0.0.1:{port}/validate-tenant-policy"
+    assert tenant["rules"][0]["resources"] == ["namespacedadmissionpolicies"]
     assert fixed["clientConfig"]["url"] == f"https://127.0.0.1:{port}/validate-policy"
     assert fixed["failurePolicy"] == "Fail"
     assert fixed["rules"] == [{"apiGroups": ["policy-operator.dev"], "apiVersions": ["v1alpha1"],
                                "operations": ["CREATE", "UPDATE"], "resources": ["admissionpolicies"], "scope": "*"}]
+    assert exceptions["name"] == "exceptions.validate.policy-operator.dev"
+    assert exceptions["clientConfig"]["url"] == f"https://127.0.0.1:{port}/validate-exception"
     assert routed["name"] == "fail.validate.policy-operator.dev"
     assert routed["clientConfig"]["url"] == f"https://127.0.0.1:{port}/validate"
     # The Pod policy's rule, and the workloads whose Pod templates it judges (issue 17).
@@ -234,7 +240,20 @@ async def test_written_configurations_field_by_field(
          "resources": ["daemonsets", "deployments", "replicasets", "statefulsets"], "scope": "*"},
         {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
          "resources": ["cronjobs", "jobs"], "scope": "*"}]
-    (mutate,) = mutating["webhooks"]
+    record, mutate = mutating["webhooks"]
+    assert record["name"] == "exceptions.mutate.policy-operator.dev"
+    assert record["clientConfig"]["url"] == f"https://127.0.0.1:{port}/mutate-exception"
+    for exception_entry in (exceptions, record):
+        assert exception_entry["failurePolicy"] == "Fail"
+        assert exception_entry["rules"] == [
+            {"apiGroups": ["policy-operator.dev"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"],
+             "resources": ["admissionpolicyexceptions"], "scope": "Namespaced"}]
+        assert [c["name"] for c in exception_entry["matchConditions"]] == ["record-or-spec-written"]
+        # Reviewed in every namespace, whatever the labels: no selector skips an exception.
+        assert "namespaceSelector" not in exception_entry and "objectSelector" not in exception_entry
+        assert exception_entry["matchPolicy"] == "Equivalent"
+        assert exception_entry["sideEffects"] == "None"
+        assert exception_entry["timeoutSeconds"] == 5
     assert mutate["name"] == "ignore.mutate.policy-operator.dev"
     assert mutate["failurePolicy"] == "Ignore"
     assert mutate["reinvocationPolicy"] == "IfNeeded"
@@ -249,7 +268,7 @@ async def test_written_configurations_field_by_field(
         assert webhook["objectSelector"] == {"matchExpressions": [
             {"key": "policy-operator.dev/exempt", "operator": "NotIn", "values": ["true"]}]}
     # The caBundle is the CA that signed the certificate the server actually presents.
-    for webhook in (fixed, routed, mutate):
+    for webhook in (fixed, exceptions, routed, record, mutate):
         cas = x509.load_pem_x509_certificates(base64.b64decode(webhook["clientConfig"]["caBundle"]))
         assert any(served.verify_directly_issued_by(ca) is None for ca in cas if _issued_by(served, ca))
     secret = emulator.peek(SECRETS, "admission-policy-operator-tls", namespace=NAMESPACE)
@@ -390,8 +409,9 @@ async def test_deleted_or_edited_configurations_are_written_back(
         assert [webhooks_of(c) for c in again] == [webhooks_of(validating), webhooks_of(mutating)]
 
         edited = copy.deepcopy(webhooks_of(again[0]))
-        edited[1]["failurePolicy"] = "Ignore"
-        edited[1]["rules"] = []
+        (routed,) = [hook for hook in edited if hook["name"] == "fail.validate.policy-operator.dev"]
+        routed["failurePolicy"] = "Ignore"
+        routed["rules"] = []
         await emulator.patch(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME, {"webhooks": edited})
         await op.wait_for(lambda: webhooks_of(configurations(emulator)[0]) == webhooks_of(validating))
         for phase_now in (phase(emulator, "deny-bad"), phase(emulator, "label")):
@@ -500,6 +520,10 @@ async def test_a_wildcard_policy_never_judges_the_operators_own_api_or_namespace
                         version="v1alpha1", operation="DELETE"),
             request_for("customresourcedefinitions", "CustomResourceDefinition",
                         "admissionpolicies.policy-operator.dev", group="apiextensions.k8s.io"),
+            request_for("admissionpolicyexceptions", "AdmissionPolicyException", "legacy", group="policy-operator.dev",
+                        version="v1alpha1", namespace="default"),
+            request_for("customresourcedefinitions", "CustomResourceDefinition",
+                        "admissionpolicyexceptions.policy-operator.dev", group="apiextensions.k8s.io"),
             request_for("clusterkopfpeerings", "ClusterKopfPeering", "peering", group="kopf.dev"),
             request_for("secrets", "Secret", "tls", namespace=NAMESPACE),
             request_for("configmaps", "ConfigMap", "cm", namespace="kube-system"),
@@ -516,6 +540,7 @@ async def test_a_wildcard_policy_never_judges_the_operators_own_api_or_namespace
     (routed,) = [w for w in validating["webhooks"] if w["name"] == "fail.validate.policy-operator.dev"]
     resources = {(group, r) for rule in routed["rules"] for group in rule["apiGroups"] for r in rule["resources"]}
     assert ("policy-operator.dev", "admissionpolicies") not in resources
+    assert ("policy-operator.dev", "admissionpolicyexceptions") not in resources
     assert ("apiextensions.k8s.io", "customresourcedefinitions") in resources
     assert [c["name"] for c in routed["matchConditions"]] == ["not-the-operators-own-crds"]
 

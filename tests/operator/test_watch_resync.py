@@ -18,7 +18,7 @@ import kmock
 import pytest
 from emulator import ADMISSION_POLICIES, Emulator, wait_for
 from kubernetes_asyncio import client
-from outages import stalled
+from outages import Outage, refuse, stalled
 
 from admission_policy.cluster import watch as cluster_watch
 from admission_policy.cluster.client import new_api_client
@@ -112,3 +112,33 @@ async def test_a_stalled_policy_watch_counts_as_down_until_listed_again(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await api_client.close()
+
+
+TENANT_POLICIES = "policy-operator.dev/v1alpha1/namespacedadmissionpolicies"
+
+
+async def test_tenant_policies_not_served_do_not_hold_readiness_and_are_watched_once_served(
+        emulator: Emulator, caplog: pytest.LogCaptureFixture) -> None:
+    """An operator upgraded before its new CRD is applied: the 404 says there is nothing to wait
+    for (readiness would otherwise wait for ever, and no replica serve); the watch keeps trying,
+    and the tenants' policies are enforced once the CRD is in, beside the cluster's."""
+    not_served = Outage(refuse(404, "NotFound"))
+    emulator.kmock[kmock.action.LIST, kmock.resource(TENANT_POLICIES)] << not_served
+    store = PolicyStore()
+    store.observe(enforced_policy("cluster-wide", "object.metadata.name != 'bad'"))
+    caplog.set_level(logging.WARNING, logger=watcher.__name__)
+    api_client = await new_api_client()
+    task = asyncio.create_task(watcher.watch_tenant_policies(api_client, store))
+    try:
+        await asyncio.wait_for(store.tenant_policies_loaded.wait(), 10)
+        assert any("NamespacedAdmissionPolicies are not served" in r.getMessage() for r in caplog.records)
+        not_served.on = False
+        tenant = {**enforced_policy("p", "object.metadata.name != 'worse'"), "kind": "NamespacedAdmissionPolicy"}
+        tenant["metadata"]["namespace"] = "team-a"
+        await emulator.create(TENANT_POLICIES, tenant)
+        await wait_for(lambda: "team-a/p" in store.generations, timeout=10)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api_client.close()
+    assert sorted(p.name for p in store.policies) == ["cluster-wide", "team-a/p"]

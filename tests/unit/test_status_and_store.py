@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from admission_policy import api
 from admission_policy.operator import conditions
 from admission_policy.operator.conditions import Condition, Observation
 from admission_policy.operator.store import FINALIZER, PolicyStore
@@ -58,16 +59,18 @@ def test_terminating_keeps_the_other_conditions() -> None:
 
 
 def body(name: str, generation: int, expression: str = "true", finalizer: bool = True,
-         deleting: bool = False) -> dict[str, Any]:
+         deleting: bool = False, namespace: str = "") -> dict[str, Any]:
     """A policy as the store reads it from the cluster: a uid, a generation, our finalizer (unless
-    ``finalizer`` is False: not added yet)."""
+    ``finalizer`` is False: not added yet); with a ``namespace``, a NamespacedAdmissionPolicy."""
     metadata: dict[str, Any] = {"generation": generation, "uid": f"uid-{name}"}
     if finalizer:
         metadata["finalizers"] = [FINALIZER]
     if deleting:
         metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    return policy_body(name, rules=[CREATE_POD_RULE], metadata=metadata,
-                       validations=[{"expression": expression}])
+    if namespace:
+        metadata["namespace"] = namespace
+    found = policy_body(name, rules=[CREATE_POD_RULE], metadata=metadata, validations=[{"expression": expression}])
+    return {**found, "kind": api.NAMESPACED_KIND} if namespace else found
 
 
 def test_a_policy_is_enforced_only_once_the_finalizer_is_on() -> None:
@@ -106,6 +109,61 @@ def test_sync_forgets_policies_deleted_while_not_watching() -> None:
     store.observe(body("b", 1))
     store.sync({"b"})
     assert [p.name for p in store.policies] == ["b"]
+
+
+def test_each_listing_forgets_only_policies_of_its_own_kind() -> None:
+    """AdmissionPolicies and NamespacedAdmissionPolicies are listed apart: a listing of one kind
+    says nothing of the other's policies, which stay enforced."""
+    store = PolicyStore()
+    store.observe(body("a", 1))
+    store.observe(body("b", 1))
+    store.observe(body("a", 1, namespace="team-a"))
+    store.observe(body("b", 1, namespace="team-a"))
+    store.sync({"team-a/b"}, namespaced=True)
+    assert sorted(p.name for p in store.policies) == ["a", "b", "team-a/b"]
+    store.sync({"b"})
+    assert sorted(p.name for p in store.policies) == ["b", "team-a/b"]
+    store.sync(set(), namespaced=True)
+    assert [p.name for p in store.policies] == ["b"]
+
+
+def test_a_tenant_policy_is_stored_under_its_namespace() -> None:
+    """A NamespacedAdmissionPolicy may share its name with a cluster policy, or with one in another
+    namespace: each is its own policy, deleted on its own."""
+    store = PolicyStore()
+    for namespace in ("", "team-a", "team-b"):
+        store.observe(body("p", 1, namespace=namespace))
+    assert sorted(store.generations) == ["p", "team-a/p", "team-b/p"]
+    assert store.uids["team-a/p"] == "uid-p" and store.policies.get("team-a/p") is not None
+    store.observe(body("p", 1, namespace="team-a", deleting=True))
+    assert sorted(p.name for p in store.policies) == ["p", "team-b/p"]
+
+
+def test_a_tenant_policy_calling_a_plugin_not_allowed_is_rejected_by_the_store() -> None:
+    """One written while the operator was down (the webhook would have refused it) is never
+    enforced; the store says why, naming the field."""
+    plugin = {"plugin": {"name": "image-references", "config": {"allowedRegistries": ["registry.acme.com"]}}}
+    tenant = body("p", 1, namespace="team-a")
+    tenant["spec"]["validations"] = [plugin]
+    store = PolicyStore()
+    store.observe(tenant)
+    assert len(store.policies) == 0 and "spec.validations[0].plugin" in store.rejected["team-a/p"].message
+    allowing = PolicyStore(tenant_plugins=("image-references",))
+    allowing.observe(tenant)
+    assert [p.name for p in allowing.policies] == ["team-a/p"]
+
+
+@pytest.mark.parametrize("listed", [(), ("policies_loaded",), ("tenant_policies_loaded",)])
+def test_ready_needs_both_listings(listed: tuple[str, ...]) -> None:
+    """Serving before the tenants' policies are listed would admit what they deny."""
+    store = PolicyStore()
+    store.listening.set()
+    for event in listed:
+        getattr(store, event).set()
+    assert not store.ready
+    store.policies_loaded.set()
+    store.tenant_policies_loaded.set()
+    assert store.ready
 
 
 async def test_waiting_for_registration() -> None:

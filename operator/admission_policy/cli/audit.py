@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import click
 
@@ -25,6 +25,9 @@ from .authorizer import HINT
 from .documents import DocumentError, documents_in, is_exception, kubernetes_objects
 from .requests import is_namespaced, namespace_object, resource_of
 from .suite import is_suite
+
+if TYPE_CHECKING:   # the cluster modules load only for --kubeconfig
+    from ..cluster.discovery import DiscoveredResource
 
 DEFAULT_NAMESPACE: Final = "default"
 ProgressFn = Callable[[str, int, int | None], None]
@@ -95,7 +98,7 @@ def manifest_targets(paths: Iterable[str]) -> Iterator[Target]:
             if is_suite(document) or is_exception(document):   # a suite beside the manifests; exceptions apply
                 continue
             for source, body in kubernetes_objects(document):
-                if body.get("kind") == api.KIND:
+                if body.get("kind") in api.POLICY_KINDS:
                     continue
                 yield _target(source, body)
 
@@ -135,33 +138,69 @@ async def audit_cluster(policies: list[CompiledPolicy], kubeconfig: str | None, 
                         settings: OperatorConfig, progress: ProgressFn, inputs: Inputs | None = None,
                         authorization: Authorization | None = None, exceptions: ExceptionSet | None = None) -> AuditRun:
     """List what the policies' rules name in a live cluster, page by page as the operator does,
-    and judge it here: nothing is written to the cluster."""
-    from ..cluster.client import call_json, message_of, new_api_client
+    and judge it here: nothing is written to the cluster. What only NamespacedAdmissionPolicies
+    name is listed in their namespaces only, as the operator's scan lists it: a namespace's admin
+    can audit its tenant policies with its own identity."""
+    from ..cluster.client import new_api_client
     from ..cluster.discovery import Discovery
     from ..cluster.listing import ListingError, display, list_objects
-    from ..cluster.routing import listable_resources, routes
 
     run = AuditRun(PolicySet(policies), now, inputs, authorization, exceptions)
     api_client = await new_api_client(kubeconfig)
     async with api_client:
-        discovered = await Discovery(api_client).resources()
+        scopes = listing_scopes(policies, await Discovery(api_client).resources())
+        namespaces = await _read_namespaces(api_client, {namespace for _, where in scopes.values()
+                                                         for namespace in where})
+        for key in sorted(scopes):
+            target, where = scopes[key]
+            for namespace in where:
+                what = f"{display(target)} in {namespace}" if namespace else display(target)
+                try:
+                    async for resource, item in list_objects(api_client, settings, target,
+                                                             functools.partial(progress, what), namespace=namespace):
+                        in_namespace = str(item["metadata"].get("namespace") or "") if resource.namespaced else ""
+                        run.judge(Target(what, item, resource), namespaces.get(in_namespace))
+                except ListingError as exc:   # RBAC, an API down: the other resources are still worth judging
+                    run.unlisted.append(f"namespace {namespace}: {exc}" if namespace else str(exc))
+    return run
+
+
+def listing_scopes(policies: Iterable[CompiledPolicy], discovered: Iterable[DiscoveredResource],
+                   ) -> dict[tuple[str, str], tuple[DiscoveredResource, tuple[str, ...]]]:
+    """Each resource to list, by (group, resource), and where: ("",) cluster-wide when a cluster
+    policy names it, else the namespaces of the tenant policies that do (never a cluster-scoped
+    resource for those: they judge none)."""
+    from ..cluster.routing import listable_resources, routes
+
+    served = list(discovered)
+    found: dict[tuple[str, str], tuple[DiscoveredResource, set[str]]] = {}
+    for policy in policies:
+        if not audits(policy):
+            continue
+        own = policy.policy.namespace or ""
+        for target in listable_resources(routes(policy), served):
+            if target.namespaced or not own:
+                found.setdefault((target.group, target.resource), (target, set()))[1].add(own)
+    return {key: (target, ("",) if "" in where else tuple(sorted(where))) for key, (target, where) in found.items()}
+
+
+async def _read_namespaces(api_client: Any, wanted: set[str]) -> dict[str, Mapping[str, Any]]:
+    """The Namespace objects, by name, for namespaceSelector and namespaceObject: all of them ("" in
+    ``wanted``), or only the tenant policies' own, read one by one (what a namespace's admin may read)."""
+    from ..cluster.client import call_json, message_of
+
+    if "" in wanted:
         status, listing = await call_json(api_client, "GET", "/api/v1/namespaces")
         if status != 200:
             raise DocumentError(f"cannot list the cluster's namespaces: {status} {message_of(listing)}".strip())
-        namespaces = {str(item["metadata"]["name"]): item for item in listing.get("items") or []}
-        targets = {(t.group, t.resource): t for policy in policies if audits(policy)
-                   for t in listable_resources(routes(policy), discovered)}
-        for key in sorted(targets):
-            target = targets[key]
-            what = display(target)
-            try:
-                async for resource, item in list_objects(api_client, settings, target,
-                                                         functools.partial(progress, what)):
-                    namespace = str(item["metadata"].get("namespace") or "") if resource.namespaced else ""
-                    run.judge(Target(what, item, resource), namespaces.get(namespace))
-            except ListingError as exc:   # RBAC, an API down: the other resources are still worth judging
-                run.unlisted.append(str(exc))
-    return run
+        return {str(item["metadata"]["name"]): item for item in listing.get("items") or []}
+    found = {}
+    for name in sorted(wanted):
+        status, body = await call_json(api_client, "GET", f"/api/v1/namespaces/{name}")
+        if status != 200:
+            raise DocumentError(f"cannot read namespace {name}: {status} {message_of(body)}".strip())
+        found[name] = body
+    return found
 
 
 def table(run: AuditRun) -> str:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -14,6 +15,7 @@ import yaml
 from .. import api, policyexception
 from ..engine import CompiledException, CompiledPolicy, PolicyCompileError, compile_exception
 from ..errors import AdmissionPolicyError
+from ..operator.config import SETTINGS
 from ..operator.store import load_policy
 
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -118,11 +120,12 @@ def walk(path: Path) -> Iterator[Path]:
 
 def load_policies(paths: Iterable[Path | str], default_failure_policy: api.FailurePolicy = "Fail",
                   *, allow_empty: bool = False) -> list[CompiledPolicy]:
-    """Compiled AdmissionPolicies from files and directories (other kinds are skipped)."""
+    """Compiled AdmissionPolicies and NamespacedAdmissionPolicies from files and directories
+    (other kinds are skipped)."""
     policies: dict[str, tuple[str, CompiledPolicy]] = {}
     for root in paths:
         for document in documents_in(root, allow_empty=allow_empty):
-            if document.kind != api.KIND:
+            if document.kind not in api.POLICY_KINDS:
                 continue
             policy = compile_document(document, default_failure_policy)
             if policy.name in policies:
@@ -178,24 +181,54 @@ def checked_exceptions(exceptions: Iterable[CompiledException], policies: Iterab
 
 def gated_off_warnings(document: Document, policy: CompiledPolicy) -> list[str]:
     """One line per plugin rule a feature gate switches off, naming the file, policy, plugin and gate."""
-    return [f"{document.source}: AdmissionPolicy {policy.name!r}: {text}" for text in policy.gated_off]
+    return [f"{document.source}: {policy.policy.kind} {policy.name!r}: {text}" for text in policy.gated_off]
 
 
 def compile_document(document: Document, default_failure_policy: api.FailurePolicy = "Fail") -> CompiledPolicy:
     """Parse and compile a policy with the function the operator's validating webhook calls, so
-    what it refuses here is what `kubectl apply` would refuse."""
+    what it refuses here is what `kubectl apply` would refuse: for a NamespacedAdmissionPolicy,
+    with the plugins AP_TENANT_PLUGINS allows, as the operator reads it (the cluster's limits and
+    discovery checks need the cluster: ``operator.tenancy``)."""
+    allowed = tenant_plugins(document.source) if document.kind == api.NAMESPACED_KIND else ()
     try:
-        return load_policy(document.body, default_failure_policy)
+        return load_policy(document.body, default_failure_policy, allowed)
     except (api.PolicyError, PolicyCompileError) as exc:
         raise DocumentError("\n".join(_compile_error_lines(document, exc))) from None
 
 
+def tenant_plugins(where: str) -> tuple[str, ...]:
+    """AP_TENANT_PLUGINS from the environment (none when unset, as in the cluster). Only tenant
+    policies read it, so a bad value is an error of the one at ``where``, not of every file."""
+    setting = SETTINGS["tenant_plugins"]
+    raw = os.environ.get(setting.env, "").strip()
+    try:
+        return tuple(setting.parse(raw, setting.env)) if raw else ()
+    except ValueError as exc:
+        raise DocumentError(f"{where}: {exc}") from None
+
+
 def _compile_error_lines(document: Document, error: api.PolicyError | PolicyCompileError) -> list[str]:
     """One line per problem, each naming the file, the policy, the field path and, for CEL, the column."""
+    kind = policy_kind(document)
     if isinstance(error, PolicyCompileError):
-        return [f"{document.source}: AdmissionPolicy {error.policy!r}: {problem}" for problem in error.errors]
+        return [f"{document.source}: {kind} {error.policy!r}: {problem}" for problem in error.errors]
+    name = policy_name(document)
+    return [f"{document.source}: invalid {kind}{f' {name!r}' if name else ''}: {error}"]
+
+
+def policy_kind(document: Document) -> str:
+    """AdmissionPolicy or NamespacedAdmissionPolicy (a file may leave ``kind`` out of a policy)."""
+    return document.kind if document.kind in api.POLICY_KINDS else api.KIND
+
+
+def policy_name(document: Document) -> str:
+    """The name a policy goes by, as the engine and the reports name it: "namespace/name" for a
+    NamespacedAdmissionPolicy; read from a body that may not parse ("" when it has no name)."""
     name = object_name(document.body)
-    return [f"{document.source}: invalid AdmissionPolicy{f' {name!r}' if name else ''}: {error}"]
+    metadata = document.body.get("metadata") if isinstance(document.body, Mapping) else None
+    namespace = metadata.get("namespace") if isinstance(metadata, Mapping) else None
+    tenant = document.kind == api.NAMESPACED_KIND and isinstance(namespace, str) and namespace
+    return f"{namespace}/{name}" if name and tenant else name
 
 
 def object_name(body: Any) -> str:
@@ -206,7 +239,7 @@ def object_name(body: Any) -> str:
 
 
 def duplicate_policy(document: Document, name: str, first_source: str) -> str:
-    return f"{document.source}: AdmissionPolicy {name!r} is also defined in {first_source}"
+    return f"{document.source}: {policy_kind(document)} {name!r} is also defined in {first_source}"
 
 
 def dump_json(data: Any) -> str:

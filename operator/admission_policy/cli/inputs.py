@@ -43,7 +43,8 @@ def _check_param(kinds: set[api.ParamKind], source: str, body: Mapping[str, Any]
 
 
 def _entries(policies: list[CompiledPolicy], name: str, where: str) -> list[tuple[str, api.ContextEntry]]:
-    entries = [(p.name, entry) for p in policies for entry in p.policy.context if entry.name == name]
+    entries = [(f"{p.policy.kind} {p.name!r}", entry) for p in policies for entry in p.policy.context
+               if entry.name == name]
     if not entries:
         declared = sorted({entry.name for p in policies for entry in p.policy.context})
         raise DocumentError(f"{where}: no policy declares context {name!r} in spec.context "
@@ -57,7 +58,7 @@ def _check_context_object(entries: list[tuple[str, api.ContextEntry]], name: str
         if not _is_of_source(body, entry.source):
             group = entry.source.group or "core"
             raise DocumentError(f"{source}: {describe(body)} ({body.get('apiVersion')}) is not what context "
-                                f"{name!r} of AdmissionPolicy {policy!r} lists: {entry.source.resource} of API group "
+                                f"{name!r} of {policy} lists: {entry.source.resource} of API group "
                                 f"{group} ({entry.path})")
 
 

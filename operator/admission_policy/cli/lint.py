@@ -4,6 +4,7 @@ For CI pipelines: nothing is evaluated, every file is read even when an earlier 
 and every problem is one line naming the file, the policy, the field path and the column. Each
 policy that compiles is also judged for portability to a ValidatingAdmissionPolicy
 (``vap.portability``), after the compile results, so that those keep their place for scripts.
+NamespacedAdmissionPolicies are linted alike, named "namespace/name" as the engine names them.
 AdmissionPolicyExceptions among them are checked as the webhook will check them at `kubectl
 apply` (``policyexception.check_exception``), against the policies linted with them.
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import api, policyexception
-from ..vap.portability import Portability, portability
+from ..vap.portability import Finding, Portability, portability
 from .documents import (
     Document,
     DocumentError,
@@ -26,6 +27,8 @@ from .documents import (
     gated_off_warnings,
     is_exception,
     object_name,
+    policy_kind,
+    policy_name,
     read_documents,
     walk,
 )
@@ -38,7 +41,7 @@ class LintResult:
     errors: tuple[str, ...]      # one line each; none when the policy compiles
     warnings: tuple[str, ...] = ()   # plugin rules a feature gate switches off (skipped, not an error)
     portability: Portability | None = None   # for a policy that compiles
-    kind: str = api.KIND         # or an AdmissionPolicyException ("namespace/name" in ``policy``)
+    kind: str = api.KIND         # or NamespacedAdmissionPolicy, AdmissionPolicyException ("namespace/name")
     spec: api.AdmissionPolicy | None = dataclasses.field(default=None, repr=False)   # a policy that compiles
 
     @property
@@ -47,8 +50,8 @@ class LintResult:
 
 
 def lint_policies(paths: Iterable[str], now: float | None = None) -> list[LintResult]:
-    """Every AdmissionPolicy under ``paths``, compiled; a duplicate name is an error, as the
-    cluster would keep only one of them. Then every AdmissionPolicyException, checked against
+    """Every AdmissionPolicy and NamespacedAdmissionPolicy under ``paths``, compiled; a duplicate
+    name is an error, as the cluster would keep only one of them. Then every AdmissionPolicyException, checked against
     those policies at ``now`` (the real time by default)."""
     seen: dict[str, str] = {}
     results: list[LintResult] = []
@@ -92,24 +95,38 @@ def _lint_root(root: str, seen: dict[str, str], exceptions: list[Document]) -> l
         except DocumentError as exc:
             results.append(LintResult(str(file), "", (str(exc),)))
             continue
-        results.extend(_lint_document(document, seen) for document in documents if document.kind == api.KIND)
+        results.extend(_lint_document(document, seen) for document in documents
+                       if document.kind in api.POLICY_KINDS)
         exceptions.extend(document for document in documents if is_exception(document))
     if not results and not any(document.source.startswith(root) for document in exceptions):
-        results.append(LintResult(root, "", (f"{root}: no AdmissionPolicy found",)))
+        results.append(LintResult(root, "", (f"{root}: no AdmissionPolicy or {api.NAMESPACED_KIND} found",)))
     return results
 
 
 def _lint_document(document: Document, seen: dict[str, str]) -> LintResult:
-    name = object_name(document.body)
+    kind = policy_kind(document)
     try:
         policy = compile_document(document)
     except DocumentError as exc:
-        return LintResult(document.source, name, tuple(str(exc).splitlines()))
+        return LintResult(document.source, policy_name(document), tuple(str(exc).splitlines()), kind=kind)
     if policy.name in seen:
-        return LintResult(document.source, policy.name, (duplicate_policy(document, policy.name, seen[policy.name]),))
+        return LintResult(document.source, policy.name, (duplicate_policy(document, policy.name, seen[policy.name]),),
+                          kind=kind)
     seen[policy.name] = document.source
-    return LintResult(document.source, policy.name, (), tuple(gated_off_warnings(document, policy)),
-                      portability(policy, document.body), spec=policy.policy)
+    verdict = portability(policy, document.body)
+    if policy.policy.namespace is not None:
+        verdict = dataclasses.replace(verdict, notes=(*verdict.notes, _tenant_binding(policy.policy.namespace)))
+    return LintResult(document.source, policy.name, (), tuple(gated_off_warnings(document, policy)), verdict,
+                      kind=kind, spec=policy.policy)
+
+
+def _tenant_binding(namespace: str) -> Finding:
+    """A ValidatingAdmissionPolicy is cluster-scoped: a tenant policy ports as one whose binding
+    selects its namespace, which only a cluster admin may create."""
+    return Finding("metadata.namespace", "a ValidatingAdmissionPolicy is cluster-scoped: its binding judges "
+                                         f"{namespace} only with matchResources.namespaceSelector {{matchLabels: "
+                                         f"{{kubernetes.io/metadata.name: {namespace}}}}} (a cluster admin's "
+                                         "objects, not a namespace admin's)")
 
 
 def lint_text(results: list[LintResult]) -> str:
@@ -120,7 +137,7 @@ def lint_text(results: list[LintResult]) -> str:
         lines.extend(f"warn   {warning}" for warning in result.warnings)
         lines.extend(f"error  {error}" for error in result.errors)
     failed = sum(not result.ok for result in results)
-    skipping = sum(bool(result.warnings) for result in results if result.kind == api.KIND)
+    skipping = sum(bool(result.warnings) for result in results if result.kind in api.POLICY_KINDS)
     lines.append(f"\n{len(results) - failed} compiled, {failed} with errors"
                  + (f", {skipping} with plugin rules a feature gate switches off" if skipping else ""))
     judged = [result for result in results if result.portability is not None]
@@ -136,7 +153,7 @@ def _portability_lines(result: LintResult) -> list[str]:
     """``portable``, or one ``not portable`` line per obstacle; then what ports with a translation."""
     verdict = result.portability
     assert verdict is not None
-    policy = f"{result.source}: AdmissionPolicy {result.policy!r}"
+    policy = f"{result.source}: {result.kind} {result.policy!r}"
     if verdict.portable:
         needs = f" (Kubernetes {verdict.kubernetes} or later)" if verdict.needs else ""
         lines = [f"portable      {policy}{needs}"]

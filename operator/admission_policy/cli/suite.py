@@ -75,7 +75,7 @@ def run_suite(document: Document) -> SuiteResult:
         files = [base / p for p in policy_paths]
         policies = load_policies(files)
     if not policies:
-        raise DocumentError(f"{document.source}: no AdmissionPolicy found in {policy_paths}")
+        raise DocumentError(f"{document.source}: no AdmissionPolicy or {api.NAMESPACED_KIND} found in {policy_paths}")
     policy_set = PolicySet(policies)
     exceptions = _exceptions(suite, files, base, document.source, policies)
     cases = suite.get("cases")

@@ -25,15 +25,16 @@ class ListingSettings(Exemptions, Protocol):
 
 
 async def list_objects(api_client: client.ApiClient, settings: ListingSettings, target: DiscoveredResource,
-                       progress: Callable[[int, int | None], None] | None = None,
+                       progress: Callable[[int, int | None], None] | None = None, *, namespace: str = "",
                        ) -> AsyncIterator[tuple[Resource, dict[str, Any]]]:
     """The objects of one resource, ``settings.audit_page_size`` at a time, without those
     admission never judges, each once. ``progress(listed, estimated total)`` after each page.
 
     A continue token that expired (410) is followed by the one the API server offers with it (the
     rest of the list from a newer snapshot: right for an audit); without one, the listing starts
-    over and skips what it already gave — items come in key order, namespace then name."""
-    path = resource_path(target.group, target.version, target.resource)
+    over and skips what it already gave — items come in key order, namespace then name.
+    ``namespace``: that namespace's objects only (a tenant policy's)."""
+    path = resource_path(target.group, target.version, target.resource, namespace=namespace)
     token, relists, listed = "", 0, 0
     given, skip_to = "", ""   # the key of the last item given; after starting over, skip up to it
     while True:

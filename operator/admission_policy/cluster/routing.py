@@ -20,11 +20,15 @@ EXEMPT_LABEL = f"{DOMAIN}/exempt"
 # Resources the webhooks never see: routing them could deadlock the cluster (leases, webhook
 # configurations), flood the operator (events), is meaningless (review "virtual" resources), or
 # would let a policy judge the objects that fix it: AdmissionPolicies (a wildcard policy would
-# otherwise refuse its own repair, its deletion and the operator's status writes, issue 18) and
-# Kopf's peering objects, which the replicas must write to elect the reconciler.
+# otherwise refuse its own repair, its deletion and the operator's status writes, issue 18), the
+# tenants' NamespacedAdmissionPolicies and the AdmissionPolicyExceptions (judged by the operator's
+# own fixed webhook entries instead), and Kopf's peering objects, which the replicas must write to
+# elect the reconciler.
 NEVER_ROUTED: frozenset[tuple[str, str]] = frozenset(
     {
         (DOMAIN, "admissionpolicies"),
+        (DOMAIN, "namespacedadmissionpolicies"),
+        (DOMAIN, "admissionpolicyexceptions"),
         ("kopf.dev", "clusterkopfpeerings"),
         ("kopf.dev", "kopfpeerings"),
         ("coordination.k8s.io", "leases"),
@@ -47,7 +51,9 @@ NEVER_ROUTED: frozenset[tuple[str, str]] = frozenset(
 # would take every CRD away from policies, so the webhooks that route CRDs skip these by name in a
 # matchCondition (and the handler skips them too, for API servers without matchConditions).
 CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
-OWN_CRDS: tuple[str, ...] = (f"admissionpolicies.{DOMAIN}", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
+OWN_CRDS: tuple[str, ...] = (f"admissionpolicies.{DOMAIN}", f"namespacedadmissionpolicies.{DOMAIN}",
+                              f"admissionpolicyexceptions.{DOMAIN}", "clusterkopfpeerings.kopf.dev",
+                              "kopfpeerings.kopf.dev")
 NOT_SERVED = "(not served by the cluster)"   # how unserved_resources marks what discovery lacks
 
 
@@ -62,6 +68,7 @@ class RouteRule:
     operations: tuple[str, ...]  # CREATE | UPDATE | DELETE | CONNECT | "*"
     failure_policy: FailurePolicy
     mutating: bool
+    namespace: str = ""   # a NamespacedAdmissionPolicy's: routed for that namespace only
 
 
 def routes(policy: CompiledPolicy, *, derived: bool = True) -> list[RouteRule]:
@@ -70,7 +77,7 @@ def routes(policy: CompiledPolicy, *, derived: bool = True) -> list[RouteRule]:
     routed only while some policy needs them."""
     return [
         RouteRule(rule.api_groups, rule.api_versions, rule.resources, rule.operations,
-                  compiled.policy.failure_policy, mutating)
+                  compiled.policy.failure_policy, mutating, compiled.policy.namespace or "")
         for compiled in ((policy, *policy.derived) if derived else (policy,))
         for rule in compiled.policy.match.resources
         for mutating, wanted in ((False, compiled.validations), (True, compiled.mutations)) if wanted

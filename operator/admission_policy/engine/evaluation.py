@@ -278,17 +278,33 @@ class _Run:
         changed the object again, as the API server reinvokes a webhook once when a later one
         changed the object (reinvocationPolicy IfNeeded): an earlier policy sees what a later one
         added (a sidecar injected after the default resources were set gets them too). Mutations
-        are idempotent, so the second pass changes only what the first could not see."""
+        are idempotent, so the second pass changes only what the first could not see.
+
+        Tenant policies (NamespacedAdmissionPolicy) go first, and when one changed the object in
+        the second pass the cluster policies' mutations run once more: what a cluster policy sets
+        is what the object gets, whatever the policies' names."""
+        if any(policy.policy.namespace is not None for policy in policies):
+            policies = sorted(policies, key=lambda policy: policy.policy.namespace is None)   # stable
         last = -1
         for index, policy in enumerate(policies):
             before = self.object
             self.guarded(policy, self.mutate)
             if self.object is not before:
                 last = index
+        tenant_changed = False
         for policy in policies[:last]:
-            found = self.records.get(policy.name)
-            if found is None or not found[1].errors:   # an error is said once, from the first pass
-                self.guarded(policy, self.mutate)
+            before = self.object
+            self._mutate_again(policy)
+            tenant_changed |= self.object is not before and policy.policy.namespace is not None
+        if tenant_changed:
+            for policy in policies:
+                if policy.policy.namespace is None:
+                    self._mutate_again(policy)
+
+    def _mutate_again(self, policy: CompiledPolicy) -> None:
+        found = self.records.get(policy.name)
+        if found is None or not found[1].errors:   # an error is said once, from the first pass
+            self.guarded(policy, self.mutate)
 
     def abort(self, policy: CompiledPolicy, message: str) -> None:
         record = self.record(policy)
@@ -348,10 +364,14 @@ class _Run:
         return f" (with param {describe(self.param)})" if self.param is not None else ""
 
     def selected(self, policy: CompiledPolicy) -> bool:
-        """The checks that need no CEL: excluded namespaces and label selectors; and, for a Pod
-        policy on a workload, that the Pod template is new or changed (see ``_template_changed``)."""
+        """The checks that need no CEL: a tenant policy's own namespace, excluded namespaces and
+        label selectors; and, for a Pod policy on a workload, that the Pod template is new or
+        changed (see ``_template_changed``)."""
         match = policy.policy.match
         namespace = self.request.namespace
+        if policy.policy.namespace is not None and (namespace != policy.policy.namespace or _is_namespace(
+                self.request)):   # a Namespace's request carries its own name as namespace
+            return False
         if namespace and namespace in match.exclude_namespaces:
             return False
         if policy.template and not self._template_changed(policy.template):
@@ -679,15 +699,17 @@ class _Run:
             # A Pod policy on a workload says whose Pod template it judged.
             workload = self._workload() if policy.template else ""
             about = f"the Pod template of {workload} would violate the policy: " if workload else ""
+            kind = policy.policy.kind
             if record.fatal:
                 what = f"the Pod template of {workload}" if workload else "the request"
-                denials.append(f'AdmissionPolicy "{name}" could not evaluate {what}: {record.errors[-1]}')
+                denials.append(f'{kind} "{name}" could not evaluate {what}: {record.errors[-1]}')
             elif denied:
-                denials.append(f'AdmissionPolicy "{name}" denied the request: {about}{"; ".join(failures)}')
+                denials.append(f'{kind} "{name}" denied the request: {about}{"; ".join(failures)}')
             elif failures and enforcement == "Warn":
-                warnings.extend(f'AdmissionPolicy "{name}": {about}{failure}' for failure in failures)
+                warnings.extend(f'{kind} "{name}": {about}{failure}' for failure in failures)
             elif failures and enforcement == "Audit":
-                audit[name[:63]] = json.dumps([about + failure for failure in failures])
+                # The API server prefixes the key with the webhook's name and a "/": one "/" only.
+                audit[name.replace("/", ".")[:63]] = json.dumps([about + failure for failure in failures])
             if denied and not reason:
                 reason = record.reason or "Forbidden"
             exempted = tuple(e for e in self.exempted if e.policy == name) if self.exempted else ()
@@ -829,3 +851,7 @@ def _walk(body: Any) -> celcost.Sizes | str:
         else:
             size += len(value) if isinstance(value, str) else 1
     return celcost.Sizes(size, items)
+
+
+def _is_namespace(request: AdmissionRequest) -> bool:
+    return request.resource == "namespaces" and request.group == ""

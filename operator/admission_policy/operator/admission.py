@@ -10,15 +10,21 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
 import kopf
+from kubernetes_asyncio import client
 
-from .. import api
+from .. import api, policyexception
 from ..cluster.client import call_json, message_of, resource_path
+from ..cluster.discovery import DiscoveredResource
 from ..cluster.routing import never_judged
 from ..engine import Decision, Phase, PolicyCompileError, evaluate
-from . import authorizer, metrics
+from ..engine.exceptions import compile_exception
+from ..engine.request import AdmissionRequest
+from . import authorizer, exceptionreview, metrics
 from .state import Operator, operator
 from .store import error_text, load_policy
+from .tenancy import tenant_problems
 from .webhook import current_exchange
 
 
@@ -51,10 +57,10 @@ async def _decide(phase: Phase, webhook: str) -> None:
         if namespace is None:
             namespace, namespace_error = await _fetch_namespace(op, request.namespace, deadline)
     started = time.perf_counter()
-    policies = op.store.policies
+    policies, exceptions = op.store.policies, op.exceptions.current
     decision = await authorizer.decide(   # the policies' authorizer checks, by SubjectAccessReviews
         lambda answers: evaluate(policies, request, namespace, phase, deadline=deadline, inputs=op.sources,
-                                 namespace_error=namespace_error, authorization=answers),
+                                 namespace_error=namespace_error, authorization=answers, exceptions=exceptions),
         authorizer.reviewer(op.api_client, deadline))
     metrics.observe(decision, request.operation, webhook, time.perf_counter() - started)
     exchange.decision = decision
@@ -70,6 +76,18 @@ async def _decide(phase: Phase, webhook: str) -> None:
 @kopf.on.validate(api.GROUP, api.VERSION, api.PLURAL, id="validate-policy", operations=["CREATE", "UPDATE"])
 async def validate_policy(**_: Any) -> None:
     """Refuse an AdmissionPolicy whose spec or CEL is invalid, at `kubectl apply` time."""
+    await _validate_policy(tenant=False)
+
+
+@kopf.on.validate(api.GROUP, api.VERSION, api.NAMESPACED_PLURAL, id="validate-tenant-policy",
+                  operations=["CREATE", "UPDATE"])
+async def validate_tenant_policy(**_: Any) -> None:
+    """Refuse a NamespacedAdmissionPolicy that is invalid, reaches beyond its namespace or goes
+    over the namespace's limits (``tenancy``), at `kubectl apply` time."""
+    await _validate_policy(tenant=True)
+
+
+async def _validate_policy(*, tenant: bool) -> None:
     op = operator()
     exchange = current_exchange()
     request = exchange.request
@@ -78,13 +96,95 @@ async def validate_policy(**_: Any) -> None:
         exchange.decision = Decision(allowed=True)
         return
     try:
-        load_policy(request.object, op.config.default_failure_policy)
-    except (api.PolicyError, PolicyCompileError) as error:
-        message = f"AdmissionPolicy {exchange.request.name!r} is invalid: {error_text(error)}"
+        compiled = load_policy(_with_namespace(request.object, request.namespace), op.config.default_failure_policy,
+                               op.config.tenant_plugins)
+        problems = tenant_problems(op.config, compiled, await _discovered(op), op.store.policies) if tenant else []
+    except (api.PolicyError, PolicyCompileError, _NoDiscovery) as error:
+        problems = [error_text(error)]
+    if problems:
+        kind, name = (api.NAMESPACED_KIND, f"{request.namespace}/{request.name}") if tenant else \
+            (api.KIND, request.name)
+        message = f"{kind} {name!r} is invalid: {'; '.join(problems)}"
         exchange.decision = Decision(allowed=False, code=422, reason="Invalid", message=message)
         op.decisions.refused_policy(request, message)
         return
     exchange.decision = Decision(allowed=True)
+
+
+class _NoDiscovery(Exception):
+    """Discovery could not be read in time: the kinds a tenant policy names cannot be checked."""
+
+
+async def _discovered(op: Operator) -> tuple[DiscoveredResource, ...]:
+    try:
+        async with asyncio.timeout(op.config.evaluation_deadline):
+            return await op.discovery.resources()
+    except (TimeoutError, client.ApiException, aiohttp.ClientError) as exc:
+        raise _NoDiscovery(f"cannot check the kinds it names, the API server's discovery did not answer "
+                           f"({type(exc).__name__}: {exc}); try again") from None
+
+
+@kopf.on.mutate(api.GROUP, api.VERSION, policyexception.PLURAL, id="mutate-exception",
+                operations=["CREATE", "UPDATE"])
+async def mutate_exception(**_: Any) -> None:
+    """Write who created (and who approved) an AdmissionPolicyException, from the request."""
+    exchange = current_exchange()
+    may_approve, _error = await _may_approve(operator(), exchange.request)   # an error: no approval written
+    exchange.decision = Decision(allowed=True, patch=exceptionreview.stamp(exchange.request, time.time(),
+                                                                           may_approve=may_approve))
+
+
+@kopf.on.validate(api.GROUP, api.VERSION, policyexception.PLURAL, id="validate-exception",
+                  operations=["CREATE", "UPDATE"])
+async def validate_exception(**_: Any) -> None:
+    """Refuse, at `kubectl apply`, an invalid AdmissionPolicyException (its fields, the policies and
+    rules it names, its expiry) and a record of creation or approval the operator did not write."""
+    op = operator()
+    exchange = current_exchange()
+    request = exchange.request
+    now = time.time()
+    problems: list[str] = []
+    if request.operation == "CREATE" or _spec_written(request.object, request.old_object):
+        try:
+            exception = policyexception.parse_exception(_with_namespace(request.object, request.namespace))
+            compile_exception(exception)
+        except api.PolicyError as error:
+            problems.append(str(error))
+        else:
+            problems += policyexception.check_exception(exception, (c.policy for c in op.store.policies), now)
+    may_approve, review_error = await _may_approve(op, request)
+    refusal = exceptionreview.refusal(request, now, may_approve=may_approve)
+    key = f"{request.namespace}/{request.name}"
+    if problems:
+        message = f"AdmissionPolicyException {key} is invalid: {'; '.join(problems)}"
+        exchange.decision = Decision(allowed=False, code=422, reason="Invalid", message=message)
+    elif refusal:
+        message = f"AdmissionPolicyException {key}: {refusal}"
+        if review_error:
+            message += f" (the permission to approve could not be checked: {review_error})"
+        exchange.decision = Decision(allowed=False, code=403, reason="Forbidden", message=message)
+    else:
+        exchange.decision = Decision(allowed=True)
+        return
+    op.decisions.refused_policy(request, message)
+
+
+async def _may_approve(op: Operator, request: AdmissionRequest) -> tuple[bool, str]:
+    """Whether the requester may approve this exception (asked only when the request approves or
+    writes an approval), and why that could not be answered ("" when it was)."""
+    if not exceptionreview.wants_approval_check(request):
+        return False, ""
+    deadline = time.monotonic() + op.config.evaluation_deadline
+    answers = await authorizer.review_all(op.api_client, [exceptionreview.approval_check(request)], deadline, 1)
+    (answer,) = answers.values()
+    return answer.allowed, answer.error
+
+
+def _with_namespace(obj: Any, namespace: str) -> Any:
+    """The object with the request's namespace, which a create's body may leave out."""
+    if isinstance(obj, Mapping) and isinstance(obj.get("metadata"), Mapping) and namespace:
+        return {**obj, "metadata": {"namespace": namespace, **obj["metadata"]}}
+    return obj
 
 
 def _spec_written(new: Any, old: Any) -> bool:

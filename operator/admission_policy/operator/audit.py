@@ -26,12 +26,12 @@ from typing import Any, Final
 
 from kubernetes_asyncio import client
 
-from .. import api, reports
-from ..cluster.client import call_json, message_of, resource_path
+from .. import reports
+from ..cluster.client import call_json, message_of
 from ..cluster.discovery import DiscoveredResource, Discovery
 from ..cluster.listing import ListingError, display, list_objects
 from ..cluster.routing import listable_resources, routes
-from ..engine import AdmissionRequest, CompiledPolicy, Decision, Inputs, PolicySet
+from ..engine import AdmissionRequest, CompiledPolicy, Decision, ExceptionSet, Inputs, PolicySet
 from ..engine.background import (
     FAIL,
     WARN,
@@ -44,7 +44,7 @@ from ..engine.background import (
 from . import handoff, metrics
 from .config import OperatorConfig
 from .reportwriter import ReportBook
-from .store import PolicyStore
+from .store import PolicyStore, policy_path
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +75,11 @@ class Scan:
 class Auditor:
     def __init__(self, api_client: client.ApiClient, settings: OperatorConfig, store: PolicyStore,
                  discovery: Discovery, reconciles: Callable[[], Awaitable[bool]],
-                 clock: Callable[[], float] = time.monotonic, inputs: Inputs | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, inputs: Inputs | None = None,
+                 exceptions: Callable[[], ExceptionSet] | None = None) -> None:
         self.api = api_client
         self.inputs = inputs   # the params and context caches the webhooks read (sources.py)
+        self.exceptions = exceptions   # the AdmissionPolicyExceptions in the cluster now (store.ExceptionStore)
         self.settings = settings
         self.store = store
         self.discovery = discovery
@@ -270,16 +272,20 @@ class Auditor:
         violations: list[dict[str, Any]] = []
         problems: list[str] = []
         targets = listable_resources(routes(policy), discovered) if audits(policy) else []
+        own = policy.policy.namespace or ""   # a tenant policy judges its own namespace's objects only
+        if own:
+            targets = [target for target in targets if target.namespaced]
         single = PolicySet([policy])
+        exceptions = self.exceptions() if self.exceptions is not None else None
         busy_since = self.clock()
         for target in targets:
             try:
-                async for resource, item in list_objects(self.api, self.settings, target):
+                async for resource, item in list_objects(self.api, self.settings, target, namespace=own):
                     tally["scanned"] += 1
                     ref = reports.ObjectRef.of(item, resource.api_version, resource.kind, resource.namespaced)
                     namespace = self.store.namespaces.get(ref.namespace) if ref.namespace else None
                     for result in audit_object(single, background_request(item, resource), namespace,
-                                               self.inputs):
+                                               self.inputs, exceptions=exceptions):
                         tally[result.result] += 1
                         tally["wouldMutate"] += result.would_mutate
                         for entry in reports.entries(result, ref, now):
@@ -299,7 +305,7 @@ class Auditor:
 
     async def _write_status(self, name: str, audit: Mapping[str, Any]) -> None:
         status, answer = await call_json(
-            self.api, "PATCH", resource_path(api.GROUP, api.VERSION, api.PLURAL, name=name) + "/status",
+            self.api, "PATCH", policy_path(name) + "/status",
             body={"status": {"audit": dict(audit)}}, content_type="application/merge-patch+json")
         if status != 404 and not 200 <= status <= 299:   # 404: deleted meanwhile
             logger.warning("AdmissionPolicy %s: writing status.audit failed: %s %s", name, status,

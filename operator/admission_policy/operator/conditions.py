@@ -141,14 +141,14 @@ def status_patch(
 ) -> dict[str, Any]:
     """The status to write: transition times move only when a condition's status changes."""
     previous = {c.get("type"): c for c in (old_status or {}).get("conditions") or [] if isinstance(c, Mapping)}
-    conditions = [_condition(previous.get(c.type), c, generation, now)
+    conditions = [condition_entry(previous.get(c.type), c, generation, now)
                   for c in (observation.compiled, observation.registered, observation.ready)]
     if observation.plugins is not None:
-        conditions.append(_condition(previous.get(PLUGINS_ENABLED), observation.plugins, generation, now))
+        conditions.append(condition_entry(previous.get(PLUGINS_ENABLED), observation.plugins, generation, now))
     elif PLUGINS_ENABLED in previous and not observation.reports_plugins:
         conditions.append(dict(previous[PLUGINS_ENABLED]))
     if observation.inputs is not None:
-        conditions.append(_condition(previous.get(INPUTS_SYNCED), observation.inputs, generation, now))
+        conditions.append(condition_entry(previous.get(INPUTS_SYNCED), observation.inputs, generation, now))
     elif INPUTS_SYNCED in previous and not observation.reports_inputs:
         conditions.append(dict(previous[INPUTS_SYNCED]))
     patch: dict[str, Any] = {"phase": observation.phase, "observedGeneration": generation, "conditions": conditions}
@@ -165,11 +165,11 @@ def terminating_patch(old_status: Mapping[str, Any] | None, now: datetime.dateti
     ready = Condition(READY, "False", "Terminating", message)
     generation = int((old_status or {}).get("observedGeneration") or 0)
     conditions = [c for c in (old_status or {}).get("conditions") or [] if c.get("type") != READY]
-    conditions.append(_condition(previous.get(READY), ready, generation, now))
+    conditions.append(condition_entry(previous.get(READY), ready, generation, now))
     return {"phase": "Terminating", "conditions": conditions}
 
 
-def _condition(previous: Mapping[str, Any] | None, condition: Condition, generation: int,
+def condition_entry(previous: Mapping[str, Any] | None, condition: Condition, generation: int,
                now: datetime.datetime) -> dict[str, Any]:
     unchanged = previous is not None and previous.get("status") == condition.status
     since = previous.get("lastTransitionTime") if unchanged and previous is not None else None

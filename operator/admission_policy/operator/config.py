@@ -98,12 +98,19 @@ def _host(raw: str, name: str) -> str:
     return host
 
 
-def _namespace_list(raw: str, name: str) -> tuple[str, ...]:
-    items = [item.strip() for item in raw.split(",") if item.strip()]
-    for item in items:
-        if not _DNS_LABEL.match(item):
-            raise ValueError(f"{name}={raw!r}: {item!r} is not a valid namespace name")
-    return tuple(dict.fromkeys(items))
+def _comma_list(pattern: re.Pattern[str], what: str) -> Parser:
+    """Comma-separated names, each matching ``pattern``; duplicates dropped, order kept."""
+    def parse(raw: str, name: str) -> tuple[str, ...]:
+        items = [item.strip() for item in raw.split(",") if item.strip()]
+        for item in items:
+            if not pattern.match(item):
+                raise ValueError(f"{name}={raw!r}: {item!r} is not {what}")
+        return tuple(dict.fromkeys(items))
+    return parse
+
+
+_namespace_list = _comma_list(_DNS_LABEL, "a valid namespace name")
+_plugin_list = _comma_list(_DNS_SUBDOMAIN, "a plugin name")
 
 
 def _failure_policy(raw: str, name: str) -> FailurePolicy:
@@ -221,6 +228,20 @@ class OperatorConfig:
     audit_violations_limit: int = dataclasses.field(default=20, metadata=_setting(
         "AP_AUDIT_VIOLATIONS_LIMIT", _int_range(0, 500), "Violations listed in each policy's "
         "status.audit.firstViolations (0-500; status.audit.violations always counts all)."))
+
+    # NamespacedAdmissionPolicies: what a namespace's admins may add (docs/tenant-policies.md).
+    tenant_max_policies: int = dataclasses.field(default=20, metadata=_setting(
+        "AP_TENANT_MAX_POLICIES", _int_range(0, 10_000), "NamespacedAdmissionPolicies one namespace may hold "
+        "(0 forbids them); one more is refused at `kubectl apply`."))
+    tenant_max_cost: int = dataclasses.field(default=200_000_000, metadata=_setting(
+        "AP_TENANT_MAX_COST", _int_range(0, 10**15), "Estimated CEL cost of all of one namespace's "
+        "NamespacedAdmissionPolicies together, on a 64 KiB request; over it, a policy is refused at apply.",
+        details="The same estimate that decides when a policy runs in a process of its own: an upper bound, "
+        "so that one tenant's rules cannot slow every request routed to the webhook. The default is four "
+        "policies at the per-policy budget."))
+    tenant_plugins: tuple[str, ...] = dataclasses.field(default=(), metadata=_setting(
+        "AP_TENANT_PLUGINS", _plugin_list, "Comma-separated plugins NamespacedAdmissionPolicies may call "
+        "(feature gates still apply); others are refused at apply.", default_text="none"))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> OperatorConfig:

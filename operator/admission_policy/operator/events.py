@@ -1,4 +1,4 @@
-"""Kubernetes Events on AdmissionPolicies, where ``kubectl describe ap`` finds them.
+"""Kubernetes Events on AdmissionPolicies (and exceptions), where ``kubectl describe`` finds them.
 
 An AdmissionPolicy is cluster-scoped. Kubernetes keeps events about cluster-scoped objects in the
 ``default`` namespace with an empty ``involvedObject.namespace`` (what kubectl and the core
@@ -46,28 +46,27 @@ class PolicyEvents:
         tally.last_message = message
 
     async def post(self, api_client: client.ApiClient, policy: str, uid: str | None, *,
-                   type_: str, reason: str, message: str) -> None:
-        """Post one event; a failure is logged, never raised: events are auxiliary. A failed post
-        is dropped, not retried: the next interval's denials are posted anew, and a retry would
-        only hold the poster up while the API server is away."""
+                   type_: str, reason: str, message: str, kind: str = api.KIND, namespace: str = "") -> None:
+        """Post one event about ``policy`` (or another object of ours: ``kind``, in ``namespace``
+        when namespaced, where its events belong); a failure is logged, never raised: events are
+        auxiliary. A failed post is dropped, not retried: the next interval's denials are posted
+        anew, and a retry would only hold the poster up while the API server is away."""
         now = datetime.datetime.now(datetime.UTC)
         event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{policy}.", namespace=EVENT_NAMESPACE),
-            involved_object=client.V1ObjectReference(api_version=api.API_VERSION, kind=api.KIND, name=policy,
-                                                     uid=uid),
+            metadata=client.V1ObjectMeta(generate_name=f"{policy}.", namespace=namespace or EVENT_NAMESPACE),
+            involved_object=client.V1ObjectReference(api_version=api.API_VERSION, kind=kind, name=policy,
+                                                     namespace=namespace or None, uid=uid),
             reason=reason, message=message[:MAX_MESSAGE], type=type_,
             first_timestamp=now, last_timestamp=now, count=1,
             source=client.V1EventSource(component=self.component),
             reporting_component=self.component,
         )
         try:
-            await client.CoreV1Api(api_client).create_namespaced_event(EVENT_NAMESPACE, event)
+            await client.CoreV1Api(api_client).create_namespaced_event(namespace or EVENT_NAMESPACE, event)
         except client.ApiException as exc:   # a refusal, or no answer in time (a 504, cluster/client.py)
-            logger.warning("AdmissionPolicy %s: cannot post the %s event: %s %s", policy, reason, exc.status,
-                           exc.reason)
+            logger.warning("%s %s: cannot post the %s event: %s %s", kind, policy, reason, exc.status, exc.reason)
         except (aiohttp.ClientError, TimeoutError) as exc:   # the connection refused or cut; the client's own
-            logger.warning("AdmissionPolicy %s: cannot post the %s event: %s", policy, reason,
-                           str(exc) or type(exc).__name__)
+            logger.warning("%s %s: cannot post the %s event: %s", kind, policy, reason, str(exc) or type(exc).__name__)
 
     async def run(self, api_client: client.ApiClient, uid_of: Callable[[str], str | None]) -> None:
         """Post the denials counted in each interval."""
@@ -77,5 +76,6 @@ class PolicyEvents:
             for policy, tally in tallies.items():
                 message = (f"denied {tally.count} request(s) in the last {self.interval:.0f}s; "
                            f"last: {tally.last_message}")
-                await self.post(api_client, policy, uid_of(policy), type_="Warning", reason="Denied",
-                                message=message)
+                namespace, _, name = policy.rpartition("/")   # a NamespacedAdmissionPolicy: "namespace/name"
+                await self.post(api_client, name, uid_of(policy), type_="Warning", reason="Denied", message=message,
+                                kind=api.NAMESPACED_KIND if namespace else api.KIND, namespace=namespace)

@@ -23,13 +23,13 @@ from .. import features, plugins
 from ..cluster.client import new_api_client
 from ..cluster.discovery import Discovery
 from ..cluster.routing import EXEMPT_LABEL
-from . import audit, certificates, metrics, reconcile, registration, state, watcher
+from . import audit, certificates, exceptionstatus, metrics, reconcile, registration, state, watcher
 from .config import OperatorConfig
 from .events import PolicyEvents
 from .rotation import CertificateRotation
 from .sources import Sources
 from .state import REGISTRATION_TIMEOUT, Operator
-from .store import FINALIZER, PolicyStore
+from .store import FINALIZER, ExceptionStore, PolicyStore
 from .webhook import PolicyWebhookServer
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     _check_ports_free(config)
 
     api_client = await new_api_client()
-    store = PolicyStore(config.default_failure_policy)
+    store = PolicyStore(config.default_failure_policy, config.tenant_plugins)
     bundle = await _ensure_certificates(api_client, config)
     paths = certificates.write_files(bundle, config.cert_dir)
     settings.admission.server = PolicyWebhookServer(
@@ -64,7 +64,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     sources = Sources(api_client, discovery)
     store.on_change = sources.want
     op = Operator(config, store, api_client, discovery, bundle, PolicyEvents("admission-policy-operator"), sources,
-                  kopf_settings=settings)
+                  ExceptionStore(config.namespace), kopf_settings=settings)
     state.install(op)
     op.runners.append(await _listening(
         metrics.serve_probes(config.listen_host, config.health_port, lambda: store.ready, lambda: _trouble(op),
@@ -76,6 +76,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     _spawn_background_tasks(op)
     metrics.SOURCES.read = sources.stats
     metrics.TASKS.read = op.tasks.stats
+    metrics.STATS.exception_states = lambda: exceptionstatus.states(op)
     metrics.POLICIES.set_function(lambda: len(store.policies))   # read at scrape time
     metrics.REJECTED.set_function(lambda: len(store.rejected))
     store.changed.set()  # write the configurations once even with no policies (the fixed entry)
@@ -136,7 +137,10 @@ def _spawn_background_tasks(op: Operator) -> None:
     api_client, config, store, tasks = op.api_client, op.config, op.store, op.tasks
     rotation = CertificateRotation(op)
     tasks.spawn("policy watcher", lambda: watcher.watch_policies(api_client, store))
+    tasks.spawn("tenant policy watcher", lambda: watcher.watch_tenant_policies(api_client, store))
     tasks.spawn("namespace watcher", lambda: watcher.watch_namespaces(api_client, store))
+    tasks.spawn("exception watcher", lambda: watcher.watch_exceptions(api_client, op.exceptions, store.unsynced))
+    tasks.spawn("exception status", lambda: exceptionstatus.follow_exceptions(op), essential=False)
     tasks.spawn("webhook configurations", lambda: registration.keep_configurations(
         api_client, config, store, op.discovery, lambda: op.bundle.ca_bundle))
     tasks.spawn("denial events", lambda: op.events.run(api_client, store.uids.get), essential=False)
@@ -144,7 +148,8 @@ def _spawn_background_tasks(op: Operator) -> None:
     tasks.spawn("registration status", lambda: reconcile.follow_registration(op), essential=False)
     tasks.spawn("certificate renewal", rotation.renew)
     tasks.spawn("certificate Secret watcher", rotation.watch_secret)
-    auditor = op.auditor = audit.Auditor(api_client, config, store, op.discovery, op.reconciles, inputs=op.sources)
+    auditor = op.auditor = audit.Auditor(api_client, config, store, op.discovery, op.reconciles, inputs=op.sources,
+                                         exceptions=lambda: op.exceptions.current)
     tasks.spawn("background audit", auditor.run, essential=False)
     tasks.spawn("heap freeze", lambda: _freeze_after_load(store), essential=False)
     tasks.spawn("params and context caches", op.sources.run)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import itertools
 from collections import defaultdict
@@ -113,6 +114,9 @@ class AdmissionStats:
         self.plugin_calls: defaultdict[tuple[str, str], int] = defaultdict(int)
         self.plugin_latency: dict[str, list[int]] = {}
         self.plugin_latency_sum: defaultdict[str, float] = defaultdict(float)
+        self.exempted: defaultdict[tuple[str, str], int] = defaultdict(int)             # exception, policy
+        # The exceptions' states, read at scrape time (``exceptionstatus.states``).
+        self.exception_states: Callable[[], Iterator[str]] = lambda: iter(())
 
     def observe(self, decision: Decision, operation: str, webhook: str, seconds: float) -> None:
         counts = self.latency.get(webhook)
@@ -133,6 +137,9 @@ class AdmissionStats:
             self.requests[outcome.policy, operation, outcome.result] += 1
             if outcome.errors:
                 self.errors[outcome.policy] += len(outcome.errors)
+        if decision.exempted and decision.allowed and webhook == "validate":
+            for exception, policy in {(e.exception, e.policy) for e in decision.exempted}:
+                self.exempted[exception, policy] += 1
 
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily("admission_policy_requests", "Admission requests by policy, operation "
@@ -167,7 +174,17 @@ class AdmissionStats:
         found = plugins.registry()
         for name, installed_plugin in found.plugins.items():
             installed.add_metric([name, installed_plugin.version, found.sources[name]], 1)
-        return iter((requests, latency, errors, calls, plugin_latency, gates, installed))
+        exempted = CounterMetricFamily("admission_policy_exempted_requests", "Requests admitted while an "
+                                       "AdmissionPolicyException waived a policy's failures, by exception and "
+                                       "policy.", labels=["exception", "policy"])
+        for exempted_labels, count in self.exempted.items():
+            exempted.add_metric(list(exempted_labels), count)
+        states = GaugeMetricFamily("admission_policy_exceptions", "AdmissionPolicyExceptions by state (Active, "
+                                   "PendingApproval, Invalid, Expired).", labels=["state"])
+        tally = collections.Counter(self.exception_states())
+        for state in ("Active", "PendingApproval", "Invalid", "Expired"):
+            states.add_metric([state], tally[state])
+        return iter((requests, latency, errors, calls, plugin_latency, gates, installed, exempted, states))
 
 
 STATS = AdmissionStats()

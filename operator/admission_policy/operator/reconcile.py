@@ -13,18 +13,19 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from kubernetes_asyncio import client
 
 from .. import api
+from ..cluster.client import call_json, message_of
 from ..cluster.routing import NOT_SERVED, routes, unserved_resources
 from ..engine import CompiledPolicy, PolicyCompileError
 from . import conditions
 from .sources import InputProblems
 from .state import REGISTRATION_TIMEOUT, Operator, now, operator
-from .store import error_text, load_policy
+from .store import error_text, load_policy, policy_key, policy_path
 
 logger = logging.getLogger(__name__)
 
@@ -34,14 +35,19 @@ FOLLOW_INTERVAL = 30.0           # while the configurations are lost, re-list th
 INPUTS_GRACE = 10.0              # how long a new generation waits for its params and context to be listed
 
 
+# Both kinds: AdmissionPolicy and the tenants' NamespacedAdmissionPolicy, named "namespace/name"
+# here as everywhere (``store.policy_key``).
 @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)
 @kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
 @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, field="spec")
-async def reconcile(body: kopf.Body, name: str, meta: kopf.Meta, status: kopf.Status, patch: kopf.Patch,
-                    **_: Any) -> None:
+@kopf.on.resume(api.GROUP, api.VERSION, api.NAMESPACED_PLURAL)
+@kopf.on.create(api.GROUP, api.VERSION, api.NAMESPACED_PLURAL)
+@kopf.on.update(api.GROUP, api.VERSION, api.NAMESPACED_PLURAL, field="spec")
+async def reconcile(body: kopf.Body, meta: kopf.Meta, status: kopf.Status, patch: kopf.Patch, **_: Any) -> None:
     """Bring a new generation (or, on resume, the last one) to its phase: Pending at once, so
     `kubectl get ap -w` shows the step, then what ``observe`` finds. Still Pending, Kopf retries."""
     op = operator()
+    name = policy_key(body)
     generation = int(meta.get("generation") or 0)
     if status.get("observedGeneration") != generation:
         await _write_status(op, name, conditions.status_patch(status, conditions.pending(), generation, now()))
@@ -56,10 +62,13 @@ async def reconcile(body: kopf.Body, name: str, meta: kopf.Meta, status: kopf.St
 
 @kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=60.0, idle=60.0,
             when=lambda status, **_: status.get("phase") == "Degraded")
-async def recheck_degraded(body: kopf.Body, name: str, meta: kopf.Meta, status: kopf.Status, patch: kopf.Patch,
+@kopf.timer(api.GROUP, api.VERSION, api.NAMESPACED_PLURAL, interval=60.0, idle=60.0,
+            when=lambda status, **_: status.get("phase") == "Degraded")
+async def recheck_degraded(body: kopf.Body, meta: kopf.Meta, status: kopf.Status, patch: kopf.Patch,
                            **_: Any) -> None:
     """A Degraded policy recovers by itself once the cluster serves what it names."""
     op = operator()
+    name = policy_key(body)
     op.discovery.invalidate()
     generation = int(meta.get("generation") or 0)
     observation = await observe(op, body, name, generation)
@@ -96,7 +105,7 @@ async def _observe(op: Operator, body: Mapping[str, Any], name: str, generation:
     # The watcher has usually compiled this generation already: share it.
     compiled = op.store.policies.get(name) if op.store.generations.get(name) == generation else None
     try:
-        compiled = compiled or load_policy(body, op.config.default_failure_policy)
+        compiled = compiled or load_policy(body, op.config.default_failure_policy, op.config.tenant_plugins)
     except (api.PolicyError, PolicyCompileError) as error:
         kept = op.store.generations.get(name)
         note = f" (generation {kept} stays enforced)" if kept is not None else " (not enforced)"
@@ -158,16 +167,14 @@ async def follow_inputs(op: Operator) -> None:
 
 
 async def _update_inputs(op: Operator) -> None:
-    objects = client.CustomObjectsApi(op.api_client)
     for compiled in op.store.policies:
         spec = compiled.policy
         if spec.param_kind is None and not spec.context:
             continue
-        try:
-            raw: Any = await objects.get_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL, spec.name)
-        except client.ApiException:
+        code, raw = await call_json(op.api_client, "GET", policy_path(spec.name))
+        if code != 200 or not isinstance(raw, Mapping):
             continue
-        body = kopf.Body(raw)
+        body = kopf.Body(cast(kopf.RawBody, raw))
         status, generation = body.status, int(body.metadata.get("generation") or 0)
         if status.get("observedGeneration") != generation or body.metadata.get("deletionTimestamp"):
             continue   # reconciliation has this generation in hand
@@ -230,16 +237,19 @@ async def follow_registration(op: Operator) -> None:
 
 async def _update_registered(op: Operator) -> None:
     objects = client.CustomObjectsApi(op.api_client)
-    listing: Any = await objects.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL,
-                                                            _preload_content=False)
-    if not 200 <= listing.status <= 299:   # unread, the client raises on no status
-        raise client.ApiException(status=listing.status, reason=(await listing.text())[:500])
-    for raw in (await listing.json()).get("items", []):
-        await _follow(op, kopf.Body(raw))
+    for plural in (api.PLURAL, api.NAMESPACED_PLURAL):
+        listing: Any = await objects.list_cluster_custom_object(api.GROUP, api.VERSION, plural,
+                                                                _preload_content=False)
+        if listing.status == 404 and plural == api.NAMESPACED_PLURAL:
+            continue   # not served: no CRD, no tenant policies
+        if not 200 <= listing.status <= 299:   # unread, the client raises on no status
+            raise client.ApiException(status=listing.status, reason=(await listing.text())[:500])
+        for raw in (await listing.json()).get("items", []):
+            await _follow(op, kopf.Body(raw))
 
 
 async def _follow(op: Operator, body: kopf.Body) -> None:
-    name, meta, status = body.metadata.name or "", body.metadata, body.status
+    name, meta, status = policy_key(body), body.metadata, body.status
     generation = int(meta.get("generation") or 0)
     if status.get("observedGeneration") != generation or meta.get("deletionTimestamp"):
         return   # reconciliation has this generation in hand
@@ -258,16 +268,18 @@ async def _follow(op: Operator, body: kopf.Body) -> None:
 
 
 @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL)
-async def delete(body: kopf.Body, name: str, status: kopf.Status, **_: Any) -> None:
+@kopf.on.delete(api.GROUP, api.VERSION, api.NAMESPACED_PLURAL)
+async def delete(body: kopf.Body, status: kopf.Status, **_: Any) -> None:
     """Stop enforcing and unroute before Kopf removes the finalizer."""
     op = operator()
+    name = policy_key(body)
     await _write_status(op, name, conditions.terminating_patch(status, now()))
-    await op.events.post(op.api_client, name, body.metadata.uid, type_="Normal", reason="Terminating",
-                         message="removing the policy from the webhook configurations")
+    await _post(op, body, type_="Normal", reason="Terminating",
+                message="removing the policy from the webhook configurations")
     op.store.forget(name, "its deletion began")
     if not await op.store.wait_unregistered(name, REGISTRATION_TIMEOUT):
         raise kopf.TemporaryError("the webhook configurations still route this policy", delay=5)
-    logger.info("AdmissionPolicy %s: unrouted; releasing the finalizer", name)
+    logger.info("%s %s: unrouted; releasing the finalizer", body.get("kind") or api.KIND, name)
 
 
 async def _announce(op: Operator, body: kopf.Body, old_phase: str | None,
@@ -275,17 +287,23 @@ async def _announce(op: Operator, body: kopf.Body, old_phase: str | None,
     """One event and one log line per phase transition."""
     if old_phase == observation.phase:
         return
-    name = body.metadata.name or ""
     message = f"{old_phase or '(new)'} → {observation.phase}: {observation.ready.message}"
     warning = observation.phase in ("Failed", "Degraded") or observation.ready.reason == conditions.REGISTRATION_LOST
-    logger.log(logging.WARNING if warning else logging.INFO, "AdmissionPolicy %s: %s", name, message)
-    await op.events.post(op.api_client, name, body.metadata.uid, type_="Warning" if warning else "Normal",
-                         reason=observation.phase, message=message)
+    logger.log(logging.WARNING if warning else logging.INFO, "%s %s: %s", body.get("kind") or api.KIND,
+               policy_key(body), message)
+    await _post(op, body, type_="Warning" if warning else "Normal", reason=observation.phase, message=message)
+
+
+async def _post(op: Operator, body: kopf.Body, *, type_: str, reason: str, message: str) -> None:
+    """An event about either kind of policy, where `kubectl describe` looks for it."""
+    namespace = body.metadata.namespace or ""
+    await op.events.post(op.api_client, body.metadata.name or "", body.metadata.uid, type_=type_, reason=reason,
+                         message=message, kind=api.NAMESPACED_KIND if namespace else api.KIND, namespace=namespace)
 
 
 async def _write_status(op: Operator, name: str, new_status: Mapping[str, Any]) -> None:
     """A status write now (not at the handler's end), so `kubectl get ap -w` shows the step."""
-    objects = client.CustomObjectsApi(op.api_client)
-    await objects.patch_cluster_custom_object_status(
-        api.GROUP, api.VERSION, api.PLURAL, name, {"status": dict(new_status)},
-        _content_type="application/merge-patch+json")  # type: ignore[call-arg]  # a dict is not a JSON Patch
+    code, answer = await call_json(op.api_client, "PATCH", policy_path(name) + "/status",
+                                   body={"status": dict(new_status)}, content_type="application/merge-patch+json")
+    if not 200 <= code <= 299:
+        raise client.ApiException(status=code, reason=message_of(answer))

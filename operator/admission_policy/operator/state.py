@@ -19,7 +19,7 @@ from .decisions import DecisionLog
 from .events import PolicyEvents
 from .peering import leads_peering
 from .sources import Sources
-from .store import PolicyStore
+from .store import ExceptionStore, PolicyStore
 from .supervision import Supervisor
 
 REGISTRATION_TIMEOUT = 20.0   # how long a step that needs the configurations written waits for them
@@ -40,6 +40,7 @@ class Operator:
     bundle: certificates.CertificateBundle
     events: PolicyEvents
     sources: Sources
+    exceptions: ExceptionStore
     decisions: DecisionLog = dataclasses.field(default_factory=DecisionLog)
     kopf_settings: kopf.OperatorSettings | None = None
     auditor: audit.Auditor | None = None

@@ -9,11 +9,14 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from .. import api
+from ..cluster.client import resource_path
 from ..engine import CompiledPolicy, PolicyCompileError, PolicySet, compile_policy
+from ..engine.exceptions import CompiledException, ExceptionSet, compile_exception
+from ..policyexception import PolicyException, parse_exception
 
 logger = logging.getLogger(__name__)
 
@@ -27,9 +30,33 @@ class Rejected:
     message: str
 
 
-def load_policy(body: Mapping[str, Any], default_failure_policy: api.FailurePolicy) -> CompiledPolicy:
-    """spec → compiled policy, or PolicyCompileError / api.PolicyError with every problem."""
-    return compile_policy(api.parse_policy(body, default_failure_policy=default_failure_policy))
+def load_policy(body: Mapping[str, Any], default_failure_policy: api.FailurePolicy,
+                tenant_plugins: Collection[str] = ()) -> CompiledPolicy:
+    """spec → compiled policy, or PolicyCompileError / api.PolicyError with every problem. A
+    NamespacedAdmissionPolicy may call only the plugins the cluster admin allows (``tenant_plugins``)."""
+    compiled = compile_policy(api.parse_policy(body, default_failure_policy=default_failure_policy))
+    if compiled.policy.namespace is not None:
+        for bound in compiled.plugins():
+            if bound.name not in tenant_plugins:
+                allowed = ", ".join(tenant_plugins) or "none"
+                raise api.PolicyError(bound.path, f"plugin {bound.name!r} is not allowed in a {api.NAMESPACED_KIND} "
+                                                  f"(the cluster admin allows: {allowed}; setting AP_TENANT_PLUGINS)")
+    return compiled
+
+
+def policy_path(key: str) -> str:
+    """The API path of the policy named ``key`` (see ``policy_key``)."""
+    namespace, _, name = key.rpartition("/")
+    return resource_path(api.GROUP, api.VERSION, api.NAMESPACED_PLURAL if namespace else api.PLURAL,
+                         namespace=namespace, name=name)
+
+
+def policy_key(body: Mapping[str, Any]) -> str:
+    """How the store, the engine and the reports name a policy: "name", or "namespace/name" for a
+    NamespacedAdmissionPolicy."""
+    metadata = body.get("metadata") or {}
+    name, namespace = str(metadata.get("name", "")), metadata.get("namespace")
+    return f"{namespace}/{name}" if namespace else name
 
 
 def error_text(error: Exception) -> str:
@@ -48,8 +75,10 @@ class PolicyStore:
     (``wait_registered``) before they report a policy as enforced, so a status never says
     Ready before the API server sends the policy's requests here."""
 
-    def __init__(self, default_failure_policy: api.FailurePolicy = "Fail") -> None:
+    def __init__(self, default_failure_policy: api.FailurePolicy = "Fail",
+                 tenant_plugins: Collection[str] = ()) -> None:
         self.default_failure_policy = default_failure_policy
+        self.tenant_plugins = tuple(tenant_plugins)
         self.policies = PolicySet()                      # swapped whole, read per request
         self.generations: dict[str, int] = {}            # loaded generation per policy
         self.uids: dict[str, str] = {}
@@ -60,6 +89,7 @@ class PolicyStore:
         self.registration_lost = ""                      # why the API server lacks what we wrote ("": it has it)
         self._registration_changed = asyncio.Event()     # set (and replaced) when either of the two changes
         self.policies_loaded = asyncio.Event()           # the first full list is in
+        self.tenant_policies_loaded = asyncio.Event()    # ... of NamespacedAdmissionPolicies
         self.namespaces_loaded = asyncio.Event()
         self.unsynced: dict[str, float] = {}             # watch → since when (monotonic) it failed, until relisted
         self.listening = asyncio.Event()                 # the webhook server accepts connections
@@ -73,7 +103,7 @@ class PolicyStore:
         """Serving: the first listing is in and the server listens. It stays so while the API server is
         unreachable: the last policy set is still the best answer, and an unready replica would only
         leave the API server with no webhook to call (see :meth:`out_of_sync`)."""
-        return self.policies_loaded.is_set() and self.listening.is_set()
+        return self.policies_loaded.is_set() and self.tenant_policies_loaded.is_set() and self.listening.is_set()
 
     def out_of_sync(self) -> str:
         """What /readyz adds while a watch is down ("" while every one is in sync)."""
@@ -84,7 +114,7 @@ class PolicyStore:
     def observe(self, body: Mapping[str, Any]) -> None:
         """A policy as the watcher sees it: load it, or drop it when it is not to be enforced."""
         metadata = body.get("metadata") or {}
-        name = str(metadata.get("name", ""))
+        name = policy_key(body)
         # Enforced only once our finalizer guarantees its rules are removed before it is gone.
         if metadata.get("deletionTimestamp") or FINALIZER not in (metadata.get("finalizers") or ()):
             self.forget(name, "its deletion began" if metadata.get("deletionTimestamp") else
@@ -95,12 +125,12 @@ class PolicyStore:
                 name in self.rejected and self.rejected[name].generation == generation):
             return  # a replayed or status-only event
         try:
-            compiled = load_policy(body, self.default_failure_policy)
+            compiled = load_policy(body, self.default_failure_policy, self.tenant_plugins)
         except (api.PolicyError, PolicyCompileError) as error:
             self.rejected[name] = Rejected(generation, error_text(error))
             kept = f"generation {self.generations[name]} stays enforced" if name in self.generations else "not enforced"
-            logger.warning("AdmissionPolicy %s: generation %d does not compile (%s): %s",
-                           name, generation, kept, error_text(error))
+            logger.warning("%s %s: generation %d does not compile (%s): %s",
+                           body.get("kind") or api.KIND, name, generation, kept, error_text(error))
             return
         self.rejected.pop(name, None)
         self.policies = self.policies.replace(compiled)
@@ -125,9 +155,10 @@ class PolicyStore:
         if self.on_change is not None:
             self.on_change(self.policies)
 
-    def sync(self, names: set[str]) -> None:
-        """After a full list: forget what the list no longer holds (deleted while not watching)."""
-        for name in set(self.generations) - names:
+    def sync(self, names: set[str], *, namespaced: bool = False) -> None:
+        """After a full list of one kind (cluster or namespaced policies): forget what it no longer
+        holds (deleted while not watching)."""
+        for name in {key for key in self.generations if ("/" in key) == namespaced} - names:
             self.forget(name, "a fresh listing no longer holds it")
 
     async def mark_registered(self, generations: Mapping[str, int]) -> None:
@@ -180,3 +211,81 @@ class PolicyStore:
         except TimeoutError:
             return False
         return True
+
+
+class ExceptionStore:
+    """The AdmissionPolicyExceptions this replica applies, fed by its own watcher.
+
+    Like the policy set, the ``ExceptionSet`` is swapped whole on a change. Every valid exception
+    is loaded, whatever its state: expiry and approval are judged per request against the clock
+    and the policies (``engine.exceptions``), so an exception ends at its ``expiresAt`` whether or
+    not anything here notices. One that does not parse or compile (written before the webhook
+    checked it, or by hand while the operator was down) is not applied, and ``invalid`` says why.
+    Until the first listing is in, none applies: requests are judged by the policies alone, which
+    denies what an exception would admit but never admits what a policy denies."""
+
+    def __init__(self, cluster_namespace: str) -> None:
+        self.cluster_namespace = cluster_namespace
+        self.current = ExceptionSet(cluster_namespace=cluster_namespace)   # swapped whole, read per request
+        self.invalid: dict[str, str] = {}          # "namespace/name" → why it is not applied
+        self.seen: dict[str, Seen] = {}             # every exception listed or watched, valid or not
+        self.loaded = asyncio.Event()
+        self._compiled: dict[str, CompiledException] = {}
+        self._changed = asyncio.Event()
+
+    def changed(self) -> asyncio.Event:
+        """An event set at the next change of an exception (not of its status alone). Take it
+        before reading, then wait on it: a change in between is not missed."""
+        return self._changed
+
+    def get(self, key: str) -> PolicyException | None:
+        compiled = self._compiled.get(key)
+        return compiled.exception if compiled is not None else None
+
+    def observe(self, body: Mapping[str, Any]) -> None:
+        metadata = body.get("metadata") or {}
+        key = f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+        status = body.get("status")
+        self.seen[key] = Seen(str(metadata.get("uid", "")), int(metadata.get("generation") or 0),
+                              status if isinstance(status, Mapping) else {})
+        try:
+            exception = parse_exception(body)
+            known = self._compiled.get(key)
+            if known is not None and known.exception == exception:
+                return   # a replayed or status-only event
+            compiled = compile_exception(exception)
+        except api.PolicyError as error:
+            self.invalid[key] = str(error)
+            logger.warning("AdmissionPolicyException %s is invalid and not applied: %s", key, error)
+            self._compiled.pop(key, None)
+            self._rebuild()
+            return
+        self.invalid.pop(key, None)
+        self._compiled[key] = compiled
+        self._rebuild()
+        logger.info("AdmissionPolicyException %s: generation %d loaded", key, exception.generation)
+
+    def forget(self, key: str) -> None:
+        self.invalid.pop(key, None)
+        self.seen.pop(key, None)
+        if self._compiled.pop(key, None) is not None:
+            logger.info("AdmissionPolicyException %s: deleted, no longer applied", key)
+        self._rebuild()
+
+    def sync(self, keys: set[str]) -> None:
+        """After a full list: forget what the list no longer holds."""
+        for key in set(self.seen) - keys:
+            self.forget(key)
+
+    def _rebuild(self) -> None:
+        self.current = ExceptionSet(self._compiled.values(), cluster_namespace=self.cluster_namespace)
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+
+@dataclasses.dataclass(frozen=True)
+class Seen:
+    """An exception as last listed or watched, for its status: who it is and what it says now."""
+    uid: str
+    generation: int
+    status: Mapping[str, Any]

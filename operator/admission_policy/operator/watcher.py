@@ -1,4 +1,4 @@
-"""Every replica's own list+watch of AdmissionPolicies and Namespaces into the PolicyStore.
+"""Every replica's own list+watch of AdmissionPolicies, AdmissionPolicyExceptions and Namespaces.
 
 Kopf's watch streams pause when peering makes another replica the active one; admission must
 not (``cluster.watch``). Events are applied idempotently: a replayed or status-only event
@@ -6,14 +6,17 @@ changes nothing.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from kubernetes_asyncio import client
 
-from .. import api
+from .. import api, policyexception
 from ..cluster.watch import list_and_watch
-from .store import PolicyStore
+from .store import ExceptionStore, PolicyStore, policy_key
+
+logger = logging.getLogger(__name__)
 
 
 async def watch_policies(api_client: client.ApiClient, store: PolicyStore) -> None:
@@ -29,6 +32,47 @@ async def watch_policies(api_client: client.ApiClient, store: PolicyStore) -> No
         "AdmissionPolicies",
         lambda **kw: objects.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL, **kw),
         on_event, store.sync, store.policies_loaded, store.unsynced)
+
+
+async def watch_tenant_policies(api_client: client.ApiClient, store: PolicyStore) -> None:
+    """NamespacedAdmissionPolicies, into the same store under "namespace/name". Readiness waits for
+    their first listing too, unless the cluster does not serve them (their CRD not installed: a
+    chart upgraded without it), which is known once a listing answers 404."""
+    objects = client.CustomObjectsApi(api_client)
+
+    def on_event(kind: str, body: Mapping[str, Any]) -> None:
+        if kind == "DELETED":
+            store.forget(policy_key(body), "deleted")
+        else:
+            store.observe(body)
+
+    def on_error(problem: str) -> None:
+        if problem.startswith("404") and not store.tenant_policies_loaded.is_set():
+            logger.warning("NamespacedAdmissionPolicies are not served (is crds/namespacedadmissionpolicy.yaml "
+                           "applied?): none is enforced until they are")
+            store.tenant_policies_loaded.set()
+
+    await list_and_watch(
+        "NamespacedAdmissionPolicies",
+        lambda **kw: objects.list_cluster_custom_object(api.GROUP, api.VERSION, api.NAMESPACED_PLURAL, **kw),
+        on_event, lambda names: store.sync(names, namespaced=True), store.tenant_policies_loaded, store.unsynced,
+        on_error=on_error)
+
+
+async def watch_exceptions(api_client: client.ApiClient, store: ExceptionStore,
+                           unsynced: dict[str, float]) -> None:
+    objects = client.CustomObjectsApi(api_client)
+
+    def on_event(kind: str, body: Mapping[str, Any]) -> None:
+        if kind == "DELETED":
+            store.forget(f"{body['metadata'].get('namespace', '')}/{body['metadata']['name']}")
+        else:
+            store.observe(body)
+
+    await list_and_watch(
+        "AdmissionPolicyExceptions",
+        lambda **kw: objects.list_cluster_custom_object(api.GROUP, api.VERSION, policyexception.PLURAL, **kw),
+        on_event, store.sync, store.loaded, unsynced)
 
 
 async def watch_namespaces(api_client: client.ApiClient, store: PolicyStore) -> None:

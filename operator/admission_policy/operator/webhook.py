@@ -46,11 +46,19 @@ from kopf._core.engines import admission as kopf_admission
 
 from ..engine import AdmissionRequest, Decision, ReviewError, build_response, decode_review, parse_review
 from .config import OperatorConfig
-from .webhookconfig import MUTATE_PATH, VALIDATE_PATH, VALIDATE_POLICY_PATH
+from .webhookconfig import (
+    MUTATE_EXCEPTION_PATH,
+    MUTATE_PATH,
+    VALIDATE_EXCEPTION_PATH,
+    VALIDATE_PATH,
+    VALIDATE_POLICY_PATH,
+    VALIDATE_TENANT_POLICY_PATH,
+)
 
 logger = logging.getLogger(__name__)
 
-WEBHOOK_PATHS = (VALIDATE_PATH, MUTATE_PATH, VALIDATE_POLICY_PATH)
+WEBHOOK_PATHS = (VALIDATE_PATH, MUTATE_PATH, VALIDATE_POLICY_PATH, VALIDATE_TENANT_POLICY_PATH, VALIDATE_EXCEPTION_PATH,
+                 MUTATE_EXCEPTION_PATH)
 # The API server sends objects of up to 1.5 MiB (etcd's request limit); an UPDATE carries two of
 # them. 1 MiB more covers the review around them and JSON being longer than the stored encoding.
 MAX_REVIEW_BYTES = 4 * 1024 * 1024

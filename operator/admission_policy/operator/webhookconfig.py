@@ -33,7 +33,12 @@ logger = logging.getLogger(__name__)
 VALIDATE_PATH = "/validate"  # Kopf routes on the last path segment: handler id "validate"
 MUTATE_PATH = "/mutate"  # handler id "mutate"
 VALIDATE_POLICY_PATH = "/validate-policy"  # handler id "validate-policy"
+VALIDATE_EXCEPTION_PATH = "/validate-exception"  # handler id "validate-exception"
+MUTATE_EXCEPTION_PATH = "/mutate-exception"  # handler id "mutate-exception"
+VALIDATE_TENANT_POLICY_PATH = "/validate-tenant-policy"  # handler id "validate-tenant-policy"
 POLICY_WEBHOOK_NAME = f"policies.validate.{DOMAIN}"
+TENANT_POLICY_WEBHOOK_NAME = f"tenant-policies.validate.{DOMAIN}"
+EXCEPTION_WEBHOOK_NAMES = (f"exceptions.validate.{DOMAIN}", f"exceptions.mutate.{DOMAIN}")
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 ALL_OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 MAX_CONFLICT_RETRIES = 5
@@ -54,8 +59,15 @@ def build_validating_configuration(
     routes: Collection[RouteRule],
     discovered: Collection[DiscoveredResource],
 ) -> dict[str, Any]:
-    """The ValidatingWebhookConfiguration: the fixed AdmissionPolicy entry plus routed rules."""
-    webhooks = [_policy_webhook(settings, ca_bundle)]
+    """The ValidatingWebhookConfiguration: the fixed entries for our own kinds plus routed rules."""
+    webhooks = [
+        _own_webhook(settings, ca_bundle, POLICY_WEBHOOK_NAME, VALIDATE_POLICY_PATH, "admissionpolicies",
+                     ("spec-written", SPEC_WRITTEN)),
+        _own_webhook(settings, ca_bundle, TENANT_POLICY_WEBHOOK_NAME, VALIDATE_TENANT_POLICY_PATH,
+                     "namespacedadmissionpolicies", ("spec-written", SPEC_WRITTEN)),
+        _own_webhook(settings, ca_bundle, EXCEPTION_WEBHOOK_NAMES[0], VALIDATE_EXCEPTION_PATH,
+                     "admissionpolicyexceptions", ("record-or-spec-written", RECORD_OR_SPEC_WRITTEN)),
+    ]
     webhooks += _routed_webhooks(settings, ca_bundle, routes, discovered, mutating=False)
     return _configuration("ValidatingWebhookConfiguration", settings, webhooks)
 
@@ -66,8 +78,11 @@ def build_mutating_configuration(
     routes: Collection[RouteRule],
     discovered: Collection[DiscoveredResource],
 ) -> dict[str, Any]:
-    """The MutatingWebhookConfiguration; it has no webhooks when no policy mutates."""
-    webhooks = _routed_webhooks(settings, ca_bundle, routes, discovered, mutating=True)
+    """The MutatingWebhookConfiguration: the fixed entry recording who creates and approves an
+    exception, plus the routed rules of the policies that mutate."""
+    webhooks = [_own_webhook(settings, ca_bundle, EXCEPTION_WEBHOOK_NAMES[1], MUTATE_EXCEPTION_PATH,
+                             "admissionpolicyexceptions", ("record-or-spec-written", RECORD_OR_SPEC_WRITTEN))]
+    webhooks += _routed_webhooks(settings, ca_bundle, routes, discovered, mutating=True)
     return _configuration("MutatingWebhookConfiguration", settings, webhooks)
 
 
@@ -128,29 +143,42 @@ SPEC_WRITTEN = ("request.operation == 'CREATE' || (!has(object.metadata.deletion
                 " && (has(object.spec) != has(oldObject.spec) || (has(object.spec) && object.spec != oldObject.spec)))")
 
 
-def _policy_webhook(settings: OperatorConfig, ca_bundle: str) -> dict[str, Any]:
-    # CREATE/UPDATE only, so deleting a policy never depends on the operator being up.
-    # AdmissionPolicy is cluster-scoped: no namespaceSelector; no objectSelector either,
-    # so the exempt label cannot smuggle in a policy whose CEL does not compile.
+def _own_webhook(settings: OperatorConfig, ca_bundle: str, name: str, path: str, resource: str,
+                 condition: tuple[str, str]) -> dict[str, Any]:
+    """A fixed entry for one of the operator's own kinds, CREATE/UPDATE only, so deleting one never
+    depends on the operator being up. No namespaceSelector: an AdmissionPolicy is cluster-scoped,
+    the operator's own namespace holds the exceptions for cluster-scoped objects, and a tenant
+    policy in an exempt namespace must be refused, not let through. No objectSelector either: the
+    exempt label must not smuggle in a policy whose CEL does not compile, nor an approval."""
     return {
-        "name": POLICY_WEBHOOK_NAME,
+        "name": name,
         "admissionReviewVersions": ["v1"],
-        "clientConfig": _client_config(settings, ca_bundle, VALIDATE_POLICY_PATH),
+        "clientConfig": _client_config(settings, ca_bundle, path),
         "failurePolicy": "Fail",
         "matchPolicy": "Equivalent",
-        "matchConditions": [{"name": "spec-written", "expression": SPEC_WRITTEN}],
+        "matchConditions": [{"name": condition[0], "expression": condition[1]}],
         "rules": [
             {
                 "apiGroups": [DOMAIN],
                 "apiVersions": ["v1alpha1"],
                 "operations": ["CREATE", "UPDATE"],
-                "resources": ["admissionpolicies"],
-                "scope": "*",
+                "resources": [resource],
+                "scope": "*" if resource == "admissionpolicies" else "Namespaced",
             }
         ],
         "sideEffects": "None",
         "timeoutSeconds": settings.webhook_timeout,
     }
+
+
+# An exception's record is in its annotations (operator/exceptionreview.py): a write of them, as of
+# the spec, is reviewed; status, labels and finalizers are not, nor is anything of an exception
+# being deleted, so exceptions can always be cleaned up while the operator is down.
+RECORD_OR_SPEC_WRITTEN = (
+    "request.operation == 'CREATE' || (!has(object.metadata.deletionTimestamp) && ("
+    "has(object.spec) != has(oldObject.spec) || (has(object.spec) && object.spec != oldObject.spec)"
+    " || has(object.metadata.annotations) != has(oldObject.metadata.annotations)"
+    " || (has(object.metadata.annotations) && object.metadata.annotations != oldObject.metadata.annotations)))")
 
 
 def _routed_webhooks(
@@ -162,38 +190,52 @@ def _routed_webhooks(
     mutating: bool,
 ) -> list[dict[str, Any]]:
     index = ServedIndex(discovered)
-    fail = _atoms([r for r in routes if r.mutating == mutating and r.failure_policy == "Fail"], index)
-    ignore = _atoms([r for r in routes if r.mutating == mutating and r.failure_policy == "Ignore"], index)
+    routes = [r for r in routes if r.mutating == mutating]
+    fail = _atoms([r for r in routes if not r.namespace and r.failure_policy == "Fail"], index)
+    ignore = _atoms([r for r in routes if not r.namespace and r.failure_policy == "Ignore"], index)
     # A request the Fail webhook already sends us needs no second call from the Ignore one:
     # the handler evaluates every matching policy whichever webhook called it.
     ignore = _subtract(ignore, fail)
-
     kind = "mutate" if mutating else "validate"
+    webhooks = _entries(settings, ca_bundle, kind, "", fail, ignore)
+    # Tenant policies get entries of their own namespace only: a tenant's failurePolicy Fail must
+    # never make another namespace's requests fail while the operator is away. What a cluster-wide
+    # entry already sends needs no second call.
+    tenants = sorted({r.namespace for r in routes if r.namespace} - set(settings.all_exempt_namespaces))
+    for namespace in tenants:
+        own = [r for r in routes if r.namespace == namespace]
+        tenant_fail = _subtract(_atoms([r for r in own if r.failure_policy == "Fail"], index), fail)
+        tenant_ignore = _atoms([r for r in own if r.failure_policy == "Ignore"], index)
+        tenant_ignore = _subtract(_subtract(_subtract(tenant_ignore, fail), ignore), tenant_fail)
+        webhooks += _entries(settings, ca_bundle, kind, namespace, tenant_fail, tenant_ignore)
+    return webhooks
+
+
+def _entries(settings: OperatorConfig, ca_bundle: str, kind: str, namespace: str, fail: _Atoms,
+             ignore: _Atoms) -> list[dict[str, Any]]:
+    """The entries for these atoms: cluster-wide (``namespace`` ""), or for one tenant namespace."""
+    prefix = f"{namespace}.tenant." if namespace else ""
+    namespaces = ({"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": [namespace]} if namespace else
+                  {"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": sorted(settings.all_exempt_namespaces)})
     webhooks = []
     for policy, atoms in (("Fail", fail), ("Ignore", ignore)):
         objects, connects = _split_connect(atoms)
         # A CONNECT's object is its options (PodExecOptions...), which have no labels: an
         # objectSelector never matches them, so CONNECT rules get an entry without one.
-        for name, part, object_selector in ((f"{policy.lower()}.{kind}.{DOMAIN}", objects, True),
-                                            (f"{policy.lower()}.connect.{kind}.{DOMAIN}", connects, False)):
+        for name, part, object_selector in ((f"{prefix}{policy.lower()}.{kind}.{DOMAIN}", objects, True),
+                                            (f"{prefix}{policy.lower()}.connect.{kind}.{DOMAIN}", connects, False)):
             if not part:
                 continue
             webhook: dict[str, Any] = {
                 "name": name,
                 "admissionReviewVersions": ["v1"],
-                "clientConfig": _client_config(settings, ca_bundle, MUTATE_PATH if mutating else VALIDATE_PATH),
+                "clientConfig": _client_config(settings, ca_bundle, MUTATE_PATH if kind == "mutate" else VALIDATE_PATH),
                 "failurePolicy": policy,
                 "matchPolicy": "Equivalent",
-                "namespaceSelector": {
-                    "matchExpressions": [
-                        {
-                            "key": NAMESPACE_NAME_LABEL,
-                            "operator": "NotIn",
-                            "values": sorted(settings.all_exempt_namespaces),
-                        }
-                    ]
-                },
-                "rules": _rules(part),
+                "namespaceSelector": {"matchExpressions": [namespaces]},
+                # A namespaceSelector does not hold back cluster-scoped objects (but Namespaces): a
+                # tenant's entry routes namespaced objects only, or its Fail would reach every CRD write.
+                "rules": _rules(part, "Namespaced" if namespace else "*"),
                 "sideEffects": "None",
                 "timeoutSeconds": settings.webhook_timeout,
             }
@@ -202,7 +244,7 @@ def _routed_webhooks(
                     "matchExpressions": [{"key": EXEMPT_LABEL, "operator": "NotIn", "values": ["true"]}]}
             if any((group, plural(resource)) == CRDS for group, _, resource in part):
                 webhook["matchConditions"] = [dict(NOT_OWN_CRD)]
-            if mutating:
+            if kind == "mutate":
                 webhook["reinvocationPolicy"] = "IfNeeded"
             webhooks.append(webhook)
     return webhooks
@@ -238,7 +280,7 @@ def _client_config(settings: OperatorConfig, ca_bundle: str, path: str) -> dict[
     }
 
 
-def _rules(atoms: _Atoms) -> list[dict[str, Any]]:
+def _rules(atoms: _Atoms, scope: str = "*") -> list[dict[str, Any]]:
     """Group atoms sharing (group, version, operations) into one rule; sorted for stable output."""
     grouped: dict[tuple[str, str, tuple[str, ...]], set[str]] = {}
     for (group, version, resource), operations in atoms.items():
@@ -249,7 +291,7 @@ def _rules(atoms: _Atoms) -> list[dict[str, Any]]:
             "apiVersions": [version],
             "operations": list(operations),
             "resources": sorted(resources),
-            "scope": "*",
+            "scope": scope,
         }
         for (group, version, operations), resources in sorted(grouped.items())
     ]

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import yaml
 
-from ... import features
+from ... import api, features
 from ...engine import ExceptionSet
 from ...operator.config import OperatorConfig
 from ..authorizer import combined, read_answers
@@ -23,7 +23,7 @@ AUDIT_INCOMPLETE = 3   # `audit --kubeconfig`: some resources could not be liste
 
 @click.command("audit")
 @click.option("-p", "--policy", "policy_paths", multiple=True, type=click.Path(), required=True,
-              help="AdmissionPolicy file or directory (repeatable).")
+              help="AdmissionPolicy or NamespacedAdmissionPolicy file or directory (repeatable).")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None,
               help="Audit a live cluster's objects (read only) instead of manifests.")
 @click.option("-o", "--output", type=click.Choice(["text", "json", "yaml"]), default="text", show_default=True,
@@ -44,6 +44,8 @@ def audit_command(policy_paths: Sequence[str], kubeconfig: str | None, output: s
     kinds), or with --kubeconfig every object the policies' rules name in that cluster
     (paged lists; exempt namespaces and objects labelled policy-operator.dev/exempt=true are
     skipped, as the operator skips them; AP_EXEMPT_NAMESPACES and AP_NAMESPACE are read).
+    A NamespacedAdmissionPolicy judges the objects of its own namespace only; what only such
+    policies name is listed in their namespaces, so a namespace's admin may audit them.
     Each object is evaluated as a background request: request.operation CREATE, no
     oldObject, an empty request.userInfo; validations judge the object as it is, and
     mutations are only reported ("would mutate"). Policies that read params or context get
@@ -70,7 +72,7 @@ def audit_command(policy_paths: Sequence[str], kubeconfig: str | None, output: s
             _check_kubeconfig(kubeconfig)
         policies = load_policies(policy_paths)
         if not policies:
-            raise DocumentError(f"no AdmissionPolicy found in {', '.join(policy_paths)}")
+            raise DocumentError(f"no AdmissionPolicy or {api.NAMESPACED_KIND} found in {', '.join(policy_paths)}")
         given_now = parse_now(now_text)
         now = int(time.time() if given_now is None else given_now)
         given = read_inputs(param_paths, context_specs, policies)

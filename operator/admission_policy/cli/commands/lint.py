@@ -23,7 +23,9 @@ def lint_command(feature_gates: str, output: str, require_portable: bool, now_te
                  paths: Sequence[str]) -> None:
     """Compile AdmissionPolicies without evaluating anything: a check for CI pipelines.
 
-    Each PATH is a policy file or a directory, searched recursively (other kinds are skipped).
+    Each PATH is a policy file or a directory, searched recursively (other kinds are skipped);
+    NamespacedAdmissionPolicies are linted alike, named namespace/name, with the plugins
+    AP_TENANT_PLUGINS allows (none when unset). Limits and discovery checks need the cluster.
     Each policy is parsed and its CEL compiled and type-checked by the code the operator's
     validating webhook runs at `kubectl apply`. Prints one line per policy: "ok", or one "error"
     line per problem naming the file, the policy, the field path and, for CEL, line and column.

@@ -16,7 +16,7 @@ from ..output import fail
 
 @click.command("review")
 @click.option("-p", "--policy", "policy_paths", multiple=True, type=click.Path(), required=True,
-              help="AdmissionPolicy file or directory (repeatable).")
+              help="AdmissionPolicy or NamespacedAdmissionPolicy file or directory (repeatable).")
 @click.option("-n", "--namespace", "namespace_paths", multiple=True, type=click.Path(),
               help="Namespace object(s), for namespaceSelector and namespaceObject (repeatable).")
 @click.option("--phase", type=click.Choice([p.value for p in Phase]), default=Phase.ALL.value, show_default=True,

@@ -36,8 +36,8 @@ _OPERATIONS = click.Choice(["CREATE", "UPDATE", "DELETE", "CONNECT"], case_sensi
 
 @click.command("test")
 @click.option("-p", "--policy", "policy_paths", multiple=True, type=click.Path(),
-              help="AdmissionPolicy file or directory (repeatable), for the objects given as PATHs; the "
-                   "AdmissionPolicyExceptions there apply too.")
+              help="AdmissionPolicy or NamespacedAdmissionPolicy file or directory (repeatable), for the "
+                   "objects given as PATHs; the AdmissionPolicyExceptions there apply too.")
 @click.option("--operation", default="CREATE", type=_OPERATIONS, show_default=True,
               help="Operation for plain objects.")
 @click.option("--old", "old_path", type=click.Path(), help="The old object, for UPDATE and DELETE.")
@@ -67,7 +67,7 @@ def test_command(policy_paths: Sequence[str], operation: str, old_path: str | No
     try:
         policies = PolicySet(load_policies(policy_paths)) if policy_paths else PolicySet()
         if policy_paths and not len(policies):
-            raise DocumentError(f"no AdmissionPolicy found in {', '.join(policy_paths)}")
+            raise DocumentError(f"no AdmissionPolicy or {api.NAMESPACED_KIND} found in {', '.join(policy_paths)}")
         exceptions = ExceptionSet(checked_exceptions(load_exceptions(policy_paths), policies, "--policy"))
         now = parse_now(now_text)
         suites, inputs = _classify(paths, policy_paths)
@@ -111,7 +111,7 @@ def _classify(paths: Sequence[str], policy_paths: Sequence[str]) -> tuple[list[D
                 suites.append(document)
             elif in_directory:
                 continue
-            elif document.kind == api.KIND or is_exception(document):
+            elif document.kind in api.POLICY_KINDS or is_exception(document):
                 if Path(root).resolve() not in policy_files:
                     raise DocumentError(_policy_as_input(document, root))
             else:   # a List (`kubectl get -o yaml`) stands for its items
@@ -121,7 +121,8 @@ def _classify(paths: Sequence[str], policy_paths: Sequence[str]) -> tuple[list[D
 
 def _policy_as_input(document: Document, path: str) -> str:
     """Policies are not objects to test: saying how to pass them beats a vague "nothing to test"."""
-    return (f"{document.source}: an {document.kind} is not an object to test: pass policies with -p, "
+    article = "an" if document.kind.startswith(("A", "E", "I", "O", "U")) else "a"
+    return (f"{document.source}: {article} {document.kind} is not an object to test: pass policies with -p, "
             f"as in `admission-policy test -p {path} pod.yaml` (or `admission-policy lint {path}` to compile it)")
 
 
