@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import kopf
 from kubernetes_asyncio import client
@@ -167,14 +167,15 @@ async def follow_inputs(op: Operator) -> None:
 
 
 async def _update_inputs(op: Operator) -> None:
-    for compiled in op.store.policies:
-        spec = compiled.policy
-        if spec.param_kind is None and not spec.context:
+    reading = {compiled.name: compiled.policy for compiled in op.store.policies
+               if compiled.policy.param_kind is not None or compiled.policy.context}
+    if not reading:
+        return
+    for body in await _list_policies(op):   # listed, not read one by one: the chart grants list, not get
+        name = policy_key(body)
+        spec = reading.get(name)
+        if spec is None:
             continue
-        code, raw = await call_json(op.api_client, "GET", policy_path(spec.name))
-        if code != 200 or not isinstance(raw, Mapping):
-            continue
-        body = kopf.Body(cast(kopf.RawBody, raw))
         status, generation = body.status, int(body.metadata.get("generation") or 0)
         if status.get("observedGeneration") != generation or body.metadata.get("deletionTimestamp"):
             continue   # reconciliation has this generation in hand
@@ -183,8 +184,8 @@ async def _update_inputs(op: Operator) -> None:
         current = conditions.inputs_condition(problems.unsynced, problems.over_cap)
         if written is not None and (written.status, written.message) == (current.status, current.message):
             continue
-        observation = await observe(op, body, spec.name, generation)
-        await _write_status(op, spec.name, conditions.status_patch(status, observation, generation, now()))
+        observation = await observe(op, body, name, generation)
+        await _write_status(op, name, conditions.status_patch(status, observation, generation, now()))
         await _announce(op, body, status.get("phase"), observation)
 
 
@@ -236,7 +237,14 @@ async def follow_registration(op: Operator) -> None:
 
 
 async def _update_registered(op: Operator) -> None:
+    for body in await _list_policies(op):
+        await _follow(op, body)
+
+
+async def _list_policies(op: Operator) -> list[kopf.Body]:
+    """Every AdmissionPolicy and NamespacedAdmissionPolicy as the API server holds them now."""
     objects = client.CustomObjectsApi(op.api_client)
+    found = []
     for plural in (api.PLURAL, api.NAMESPACED_PLURAL):
         listing: Any = await objects.list_cluster_custom_object(api.GROUP, api.VERSION, plural,
                                                                 _preload_content=False)
@@ -244,8 +252,8 @@ async def _update_registered(op: Operator) -> None:
             continue   # not served: no CRD, no tenant policies
         if not 200 <= listing.status <= 299:   # unread, the client raises on no status
             raise client.ApiException(status=listing.status, reason=(await listing.text())[:500])
-        for raw in (await listing.json()).get("items", []):
-            await _follow(op, kopf.Body(raw))
+        found += [kopf.Body(raw) for raw in (await listing.json()).get("items", [])]
+    return found
 
 
 async def _follow(op: Operator, body: kopf.Body) -> None:
