@@ -337,7 +337,7 @@ class AdmissionPolicy:
 
     @property
     def kind(self) -> str:
-        return KIND if self.namespace is None else NAMESPACED_KIND
+        return kind_of(self.name)
 
     @property
     def object_name(self) -> str:
@@ -456,6 +456,11 @@ def _check_tenant(namespace: str, match: Match, param_ref: ParamRef | None, cont
         if entry.scope != "RequestNamespace":
             raise PolicyError(f"{entry.path}.scope", f"must be RequestNamespace (the default here): a "
                                                      f"{NAMESPACED_KIND} reads objects of its own namespace only")
+
+
+def kind_of(name: str) -> str:
+    """The kind of the policy a name names: "namespace/name" is a NamespacedAdmissionPolicy's."""
+    return NAMESPACED_KIND if "/" in name else KIND
 
 
 def object_header(root: Mapping[str, Any], kind: str) -> tuple[Mapping[str, Any], str, int]:
@@ -735,12 +740,14 @@ def _parse_patch_op(value: Any, path: str) -> PatchOperation:
 
 # Small typed readers: each raises a PolicyError that names the field.
 
-def _check_fields(raw: Mapping[str, Any], path: str, schema_path: str) -> None:
-    unknown = sorted(set(raw) - ACCEPTED_FIELDS[schema_path], key=str)   # YAML keys may be numbers
+def _check_fields(raw: Mapping[str, Any], path: str, schema_path: str,
+                  accepted: Mapping[str, frozenset[str]] = ACCEPTED_FIELDS) -> None:
+    """No field but those ``accepted`` at ``schema_path`` (another kind passes its own table)."""
+    unknown = sorted(set(raw) - accepted[schema_path], key=str)   # YAML keys may be numbers
     if unknown:
         key = unknown[0] if isinstance(unknown[0], str) and unknown[0] else repr(unknown[0])   # "" names nothing
         where = f"{path}.{key}" if path else key
-        allowed = ", ".join(sorted(ACCEPTED_FIELDS[schema_path]))
+        allowed = ", ".join(sorted(accepted[schema_path]))
         raise PolicyError(where, f"unknown field (allowed here: {allowed})")
 
 

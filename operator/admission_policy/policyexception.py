@@ -28,6 +28,7 @@ from .api import (
     NamedExpression,
     PolicyError,
     ResourceRule,
+    _check_fields,
     _check_unique,
     _list,
     _mapping,
@@ -128,13 +129,13 @@ class PolicyException:
 def parse_exception(obj: Any) -> PolicyException:
     """Turn an AdmissionPolicyException object (as stored in the cluster or a file) into typed values."""
     root = _mapping(obj, "")
-    _check(root, "", "")
+    _check_fields(root, "", "", ACCEPTED_FIELDS)
     metadata, name, generation = object_header(root, KIND)
     namespace = _required_string(metadata.get("namespace"), "metadata.namespace")
     record = _parse_record(_mapping(metadata.get("annotations") or {}, "metadata.annotations"))
 
     spec = _mapping(root.get("spec"), "spec")
-    _check(spec, "spec", "spec")
+    _check_fields(spec, "spec", "spec", ACCEPTED_FIELDS)
     raw_policies = _list(spec.get("policies"), "spec.policies")
     if not raw_policies:
         raise PolicyError("spec.policies", "needs at least one policy")
@@ -155,7 +156,7 @@ def parse_exception(obj: Any) -> PolicyException:
 
 def _parse_policy_ref(value: Any, path: str) -> PolicyRef:
     raw = _mapping(value, path)
-    _check(raw, path, "spec.policies[]")
+    _check_fields(raw, path, "spec.policies[]", ACCEPTED_FIELDS)
     rules = tuple(_strings(raw.get("rules", []), f"{path}.rules"))
     _check_unique(rules, f"{path}.rules", "rule", named=False)
     return PolicyRef(_required_string(raw.get("name"), f"{path}.name"), rules, path)
@@ -166,7 +167,7 @@ def _parse_match(value: Any) -> ExceptionMatch:
         return ExceptionMatch()
     path = "spec.match"
     raw = _mapping(value, path)
-    _check(raw, path, path)
+    _check_fields(raw, path, path, ACCEPTED_FIELDS)
     resources = tuple(_parse_rule(item, f"{path}.resources[{i}]")
                       for i, item in enumerate(_list(raw.get("resources", []), f"{path}.resources")))
     names = tuple(_strings(raw.get("names", []), f"{path}.names"))
@@ -191,13 +192,6 @@ def _parse_record(annotations: Mapping[str, Any]) -> Record:
             raise PolicyError(f"metadata.annotations[{APPROVED_GENERATION!r}]", f"{raw!r} is not a generation")
         generation = int(raw)
     return Record(text(CREATED_BY), time(CREATED_AT), text(APPROVED_BY), time(APPROVED_AT), generation)
-
-
-def _check(raw: Mapping[str, Any], path: str, schema_path: str) -> None:
-    unknown = sorted(set(raw) - ACCEPTED_FIELDS[schema_path], key=str)
-    if unknown:
-        where = f"{path}.{unknown[0]}" if path else str(unknown[0])
-        raise PolicyError(where, f"unknown field (allowed here: {', '.join(sorted(ACCEPTED_FIELDS[schema_path]))})")
 
 
 def parse_time(value: Any, path: str) -> float:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import api, policyexception
-from ..vap.portability import Finding, Portability, portability
+from ..vap.portability import Portability, portability
 from .documents import (
     Document,
     DocumentError,
@@ -113,20 +113,8 @@ def _lint_document(document: Document, seen: dict[str, str]) -> LintResult:
         return LintResult(document.source, policy.name, (duplicate_policy(document, policy.name, seen[policy.name]),),
                           kind=kind)
     seen[policy.name] = document.source
-    verdict = portability(policy, document.body)
-    if policy.policy.namespace is not None:
-        verdict = dataclasses.replace(verdict, notes=(*verdict.notes, _tenant_binding(policy.policy.namespace)))
-    return LintResult(document.source, policy.name, (), tuple(gated_off_warnings(document, policy)), verdict,
-                      kind=kind, spec=policy.policy)
-
-
-def _tenant_binding(namespace: str) -> Finding:
-    """A ValidatingAdmissionPolicy is cluster-scoped: a tenant policy ports as one whose binding
-    selects its namespace, which only a cluster admin may create."""
-    return Finding("metadata.namespace", "a ValidatingAdmissionPolicy is cluster-scoped: its binding judges "
-                                         f"{namespace} only with matchResources.namespaceSelector {{matchLabels: "
-                                         f"{{kubernetes.io/metadata.name: {namespace}}}}} (a cluster admin's "
-                                         "objects, not a namespace admin's)")
+    return LintResult(document.source, policy.name, (), tuple(gated_off_warnings(document, policy)),
+                      portability(policy, document.body), kind=kind, spec=policy.policy)
 
 
 def lint_text(results: list[LintResult]) -> str:

@@ -68,6 +68,14 @@ class PolicyEvents:
         except (aiohttp.ClientError, TimeoutError) as exc:   # the connection refused or cut; the client's own
             logger.warning("%s %s: cannot post the %s event: %s", kind, policy, reason, str(exc) or type(exc).__name__)
 
+    async def post_policy(self, api_client: client.ApiClient, policy: str, uid: str | None, *, type_: str,
+                          reason: str, message: str) -> None:
+        """An event about the policy ``policy`` names: "name", or "namespace/name" for a
+        NamespacedAdmissionPolicy, whose events belong to its namespace."""
+        namespace, _, name = policy.rpartition("/")
+        await self.post(api_client, name, uid, type_=type_, reason=reason, message=message,
+                        kind=api.kind_of(policy), namespace=namespace)
+
     async def run(self, api_client: client.ApiClient, uid_of: Callable[[str], str | None]) -> None:
         """Post the denials counted in each interval."""
         while True:
@@ -76,6 +84,5 @@ class PolicyEvents:
             for policy, tally in tallies.items():
                 message = (f"denied {tally.count} request(s) in the last {self.interval:.0f}s; "
                            f"last: {tally.last_message}")
-                namespace, _, name = policy.rpartition("/")   # a NamespacedAdmissionPolicy: "namespace/name"
-                await self.post(api_client, name, uid_of(policy), type_="Warning", reason="Denied", message=message,
-                                kind=api.NAMESPACED_KIND if namespace else api.KIND, namespace=namespace)
+                await self.post_policy(api_client, policy, uid_of(policy), type_="Warning", reason="Denied",
+                                       message=message)

@@ -144,8 +144,8 @@ async def follow_exceptions(op: Operator) -> None:
             raise
         except Exception as exc:
             logger.warning("Updating the AdmissionPolicyExceptions' status failed: %s", exc)
-        found = [e for e in (op.exceptions.get(key) for key in op.exceptions.seen) if e is not None]
-        wait = min(FOLLOW_INTERVAL, _next_change(found, time.time()) or FOLLOW_INTERVAL)
+        ahead = _next_change((c.exception for c in op.exceptions.current), time.time())
+        wait = min(FOLLOW_INTERVAL, ahead or FOLLOW_INTERVAL)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(wait, 0.0)):
                 await changed.wait()

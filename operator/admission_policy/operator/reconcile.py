@@ -25,7 +25,7 @@ from ..engine import CompiledPolicy, PolicyCompileError
 from . import conditions
 from .sources import InputProblems
 from .state import REGISTRATION_TIMEOUT, Operator, now, operator
-from .store import error_text, load_policy, policy_key, policy_path
+from .store import error_text, load_policy, object_key, policy_path
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ INPUTS_GRACE = 10.0              # how long a new generation waits for its param
 
 
 # Both kinds: AdmissionPolicy and the tenants' NamespacedAdmissionPolicy, named "namespace/name"
-# here as everywhere (``store.policy_key``).
+# here as everywhere (``store.object_key``).
 @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)
 @kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
 @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, field="spec")
@@ -47,7 +47,7 @@ async def reconcile(body: kopf.Body, meta: kopf.Meta, status: kopf.Status, patch
     """Bring a new generation (or, on resume, the last one) to its phase: Pending at once, so
     `kubectl get ap -w` shows the step, then what ``observe`` finds. Still Pending, Kopf retries."""
     op = operator()
-    name = policy_key(body)
+    name = object_key(body)
     generation = int(meta.get("generation") or 0)
     if status.get("observedGeneration") != generation:
         await _write_status(op, name, conditions.status_patch(status, conditions.pending(), generation, now()))
@@ -68,7 +68,7 @@ async def recheck_degraded(body: kopf.Body, meta: kopf.Meta, status: kopf.Status
                            **_: Any) -> None:
     """A Degraded policy recovers by itself once the cluster serves what it names."""
     op = operator()
-    name = policy_key(body)
+    name = object_key(body)
     op.discovery.invalidate()
     generation = int(meta.get("generation") or 0)
     observation = await observe(op, body, name, generation)
@@ -172,7 +172,7 @@ async def _update_inputs(op: Operator) -> None:
     if not reading:
         return
     for body in await _list_policies(op):   # listed, not read one by one: the chart grants list, not get
-        name = policy_key(body)
+        name = object_key(body)
         spec = reading.get(name)
         if spec is None:
             continue
@@ -257,7 +257,7 @@ async def _list_policies(op: Operator) -> list[kopf.Body]:
 
 
 async def _follow(op: Operator, body: kopf.Body) -> None:
-    name, meta, status = policy_key(body), body.metadata, body.status
+    name, meta, status = object_key(body), body.metadata, body.status
     generation = int(meta.get("generation") or 0)
     if status.get("observedGeneration") != generation or meta.get("deletionTimestamp"):
         return   # reconciliation has this generation in hand
@@ -280,14 +280,14 @@ async def _follow(op: Operator, body: kopf.Body) -> None:
 async def delete(body: kopf.Body, status: kopf.Status, **_: Any) -> None:
     """Stop enforcing and unroute before Kopf removes the finalizer."""
     op = operator()
-    name = policy_key(body)
+    name = object_key(body)
     await _write_status(op, name, conditions.terminating_patch(status, now()))
-    await _post(op, body, type_="Normal", reason="Terminating",
-                message="removing the policy from the webhook configurations")
+    await op.events.post_policy(op.api_client, name, body.metadata.uid, type_="Normal", reason="Terminating",
+                                message="removing the policy from the webhook configurations")
     op.store.forget(name, "its deletion began")
     if not await op.store.wait_unregistered(name, REGISTRATION_TIMEOUT):
         raise kopf.TemporaryError("the webhook configurations still route this policy", delay=5)
-    logger.info("%s %s: unrouted; releasing the finalizer", body.get("kind") or api.KIND, name)
+    logger.info("%s %s: unrouted; releasing the finalizer", api.kind_of(name), name)
 
 
 async def _announce(op: Operator, body: kopf.Body, old_phase: str | None,
@@ -295,18 +295,12 @@ async def _announce(op: Operator, body: kopf.Body, old_phase: str | None,
     """One event and one log line per phase transition."""
     if old_phase == observation.phase:
         return
+    name = object_key(body)
     message = f"{old_phase or '(new)'} → {observation.phase}: {observation.ready.message}"
     warning = observation.phase in ("Failed", "Degraded") or observation.ready.reason == conditions.REGISTRATION_LOST
-    logger.log(logging.WARNING if warning else logging.INFO, "%s %s: %s", body.get("kind") or api.KIND,
-               policy_key(body), message)
-    await _post(op, body, type_="Warning" if warning else "Normal", reason=observation.phase, message=message)
-
-
-async def _post(op: Operator, body: kopf.Body, *, type_: str, reason: str, message: str) -> None:
-    """An event about either kind of policy, where `kubectl describe` looks for it."""
-    namespace = body.metadata.namespace or ""
-    await op.events.post(op.api_client, body.metadata.name or "", body.metadata.uid, type_=type_, reason=reason,
-                         message=message, kind=api.NAMESPACED_KIND if namespace else api.KIND, namespace=namespace)
+    logger.log(logging.WARNING if warning else logging.INFO, "%s %s: %s", api.kind_of(name), name, message)
+    await op.events.post_policy(op.api_client, name, body.metadata.uid, type_="Warning" if warning else "Normal",
+                                reason=observation.phase, message=message)
 
 
 async def _write_status(op: Operator, name: str, new_status: Mapping[str, Any]) -> None:

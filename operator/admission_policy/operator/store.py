@@ -45,15 +45,15 @@ def load_policy(body: Mapping[str, Any], default_failure_policy: api.FailurePoli
 
 
 def policy_path(key: str) -> str:
-    """The API path of the policy named ``key`` (see ``policy_key``)."""
+    """The API path of the policy named ``key`` (see ``object_key``)."""
     namespace, _, name = key.rpartition("/")
     return resource_path(api.GROUP, api.VERSION, api.NAMESPACED_PLURAL if namespace else api.PLURAL,
                          namespace=namespace, name=name)
 
 
-def policy_key(body: Mapping[str, Any]) -> str:
-    """How the store, the engine and the reports name a policy: "name", or "namespace/name" for a
-    NamespacedAdmissionPolicy."""
+def object_key(body: Mapping[str, Any]) -> str:
+    """How the stores, the engine and the reports name an object of ours: "name" for an
+    AdmissionPolicy, "namespace/name" for a NamespacedAdmissionPolicy or an exception."""
     metadata = body.get("metadata") or {}
     name, namespace = str(metadata.get("name", "")), metadata.get("namespace")
     return f"{namespace}/{name}" if namespace else name
@@ -114,7 +114,7 @@ class PolicyStore:
     def observe(self, body: Mapping[str, Any]) -> None:
         """A policy as the watcher sees it: load it, or drop it when it is not to be enforced."""
         metadata = body.get("metadata") or {}
-        name = policy_key(body)
+        name = object_key(body)
         # Enforced only once our finalizer guarantees its rules are removed before it is gone.
         if metadata.get("deletionTimestamp") or FINALIZER not in (metadata.get("finalizers") or ()):
             self.forget(name, "its deletion began" if metadata.get("deletionTimestamp") else
@@ -130,7 +130,7 @@ class PolicyStore:
             self.rejected[name] = Rejected(generation, error_text(error))
             kept = f"generation {self.generations[name]} stays enforced" if name in self.generations else "not enforced"
             logger.warning("%s %s: generation %d does not compile (%s): %s",
-                           body.get("kind") or api.KIND, name, generation, kept, error_text(error))
+                           api.kind_of(name), name, generation, kept, error_text(error))
             return
         self.rejected.pop(name, None)
         self.policies = self.policies.replace(compiled)
@@ -139,6 +139,13 @@ class PolicyStore:
         self.uids[name] = str(metadata.get("uid", ""))
         logger.info("AdmissionPolicy %s: generation %d loaded", name, generation)
         self.changed.set()
+
+    def apply(self, kind: str, body: Mapping[str, Any]) -> None:
+        """A watch event: a deletion forgets the policy, anything else is observed."""
+        if kind == "DELETED":
+            self.forget(object_key(body), "deleted")
+        else:
+            self.observe(body)
 
     def forget(self, name: str, why: str) -> None:
         """Stop enforcing ``name`` (logged with ``why``); the configurations are rewritten without it."""
@@ -242,9 +249,16 @@ class ExceptionStore:
         compiled = self._compiled.get(key)
         return compiled.exception if compiled is not None else None
 
+    def apply(self, kind: str, body: Mapping[str, Any]) -> None:
+        """A watch event: a deletion forgets the exception, anything else is observed."""
+        if kind == "DELETED":
+            self.forget(object_key(body))
+        else:
+            self.observe(body)
+
     def observe(self, body: Mapping[str, Any]) -> None:
         metadata = body.get("metadata") or {}
-        key = f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+        key = object_key(body)
         status = body.get("status")
         self.seen[key] = Seen(str(metadata.get("uid", "")), int(metadata.get("generation") or 0),
                               status if isinstance(status, Mapping) else {})
@@ -255,6 +269,8 @@ class ExceptionStore:
                 return   # a replayed or status-only event
             compiled = compile_exception(exception)
         except api.PolicyError as error:
+            if self.invalid.get(key) == str(error) and key not in self._compiled:
+                return   # a replayed or status-only event
             self.invalid[key] = str(error)
             logger.warning("AdmissionPolicyException %s is invalid and not applied: %s", key, error)
             self._compiled.pop(key, None)

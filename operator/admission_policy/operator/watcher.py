@@ -14,24 +14,17 @@ from kubernetes_asyncio import client
 
 from .. import api, policyexception
 from ..cluster.watch import list_and_watch
-from .store import ExceptionStore, PolicyStore, policy_key
+from .store import ExceptionStore, PolicyStore
 
 logger = logging.getLogger(__name__)
 
 
 async def watch_policies(api_client: client.ApiClient, store: PolicyStore) -> None:
     objects = client.CustomObjectsApi(api_client)
-
-    def on_event(kind: str, body: Mapping[str, Any]) -> None:
-        if kind == "DELETED":
-            store.forget(str(body["metadata"]["name"]), "deleted")
-        else:
-            store.observe(body)
-
     await list_and_watch(
         "AdmissionPolicies",
         lambda **kw: objects.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL, **kw),
-        on_event, store.sync, store.policies_loaded, store.unsynced)
+        store.apply, store.sync, store.policies_loaded, store.unsynced)
 
 
 async def watch_tenant_policies(api_client: client.ApiClient, store: PolicyStore) -> None:
@@ -39,12 +32,6 @@ async def watch_tenant_policies(api_client: client.ApiClient, store: PolicyStore
     their first listing too, unless the cluster does not serve them (their CRD not installed: a
     chart upgraded without it), which is known once a listing answers 404."""
     objects = client.CustomObjectsApi(api_client)
-
-    def on_event(kind: str, body: Mapping[str, Any]) -> None:
-        if kind == "DELETED":
-            store.forget(policy_key(body), "deleted")
-        else:
-            store.observe(body)
 
     def on_error(problem: str) -> None:
         if problem.startswith("404") and not store.tenant_policies_loaded.is_set():
@@ -55,24 +42,17 @@ async def watch_tenant_policies(api_client: client.ApiClient, store: PolicyStore
     await list_and_watch(
         "NamespacedAdmissionPolicies",
         lambda **kw: objects.list_cluster_custom_object(api.GROUP, api.VERSION, api.NAMESPACED_PLURAL, **kw),
-        on_event, lambda names: store.sync(names, namespaced=True), store.tenant_policies_loaded, store.unsynced,
+        store.apply, lambda names: store.sync(names, namespaced=True), store.tenant_policies_loaded, store.unsynced,
         on_error=on_error)
 
 
 async def watch_exceptions(api_client: client.ApiClient, store: ExceptionStore,
                            unsynced: dict[str, float]) -> None:
     objects = client.CustomObjectsApi(api_client)
-
-    def on_event(kind: str, body: Mapping[str, Any]) -> None:
-        if kind == "DELETED":
-            store.forget(f"{body['metadata'].get('namespace', '')}/{body['metadata']['name']}")
-        else:
-            store.observe(body)
-
     await list_and_watch(
         "AdmissionPolicyExceptions",
         lambda **kw: objects.list_cluster_custom_object(api.GROUP, api.VERSION, policyexception.PLURAL, **kw),
-        on_event, store.sync, store.loaded, unsynced)
+        store.apply, store.sync, store.loaded, unsynced)
 
 
 async def watch_namespaces(api_client: client.ApiClient, store: PolicyStore) -> None:

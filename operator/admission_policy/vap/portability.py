@@ -126,6 +126,12 @@ def _notes(compiled: CompiledPolicy, body: Mapping[str, Any]) -> list[Finding]:
     if policy.report_admission:
         notes.append(Finding("spec.reportAdmission", "the reports are this operator's (a ValidatingAdmission"
                                                      "Policy's Audit action writes to the API server's audit log)"))
+    if policy.namespace is not None:   # a NamespacedAdmissionPolicy
+        own = policy.namespace
+        notes.append(Finding("metadata.namespace", "a ValidatingAdmissionPolicy is cluster-scoped: its binding judges "
+                                                   f"{own} only with matchResources.namespaceSelector {{matchLabels: "
+                                                   f"{{kubernetes.io/metadata.name: {own}}}}} (a cluster admin's "
+                                                   "objects, not a namespace admin's)"))
     return notes
 
 
