@@ -306,7 +306,7 @@ class ExceptionRules:
     applies only once approved (``policyexception``, docs/exceptions.md)."""
     allowed: bool = True
     max_duration: int | None = None
-    approval: Literal["None", "Required"] = "None"
+    approval: Literal["None", "Required"] = "Required"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -487,7 +487,7 @@ def _parse_exception_rules(value: Any) -> ExceptionRules:
     max_duration = None
     if raw.get("maxDuration") is not None:
         max_duration = parse_duration(raw["maxDuration"], f"{path}.maxDuration")
-    approval = _enum(raw.get("approval", "None"), f"{path}.approval", APPROVALS)
+    approval = _enum(raw.get("approval", "Required"), f"{path}.approval", APPROVALS)
     return ExceptionRules(_boolean(raw.get("allowed", True), f"{path}.allowed"), max_duration,
                           cast(Literal["None", "Required"], approval))
 

@@ -9,9 +9,10 @@ approval): ``check_exception`` says what is wrong with one, field by field, and
 ``engine.exceptions`` applies them. The name of this module avoids any confusion with Python's
 exceptions (the package's errors are in ``errors.py``).
 
-Who created an exception and who approved it, and when, are recorded in annotations that the
-operator's webhook sets from the request and refuses from anyone else (docs/exceptions.md); an
-approval counts only for the generation it approved, so editing the spec voids it. Parsing is as
+Who created an exception, who last changed its spec and who approved it, and when, are recorded
+in annotations that the operator's webhook sets from the request and refuses from anyone else
+(docs/exceptions.md); an approval counts only for the generation it approved, so editing the spec
+voids it, and only from someone other than those who wrote that spec (four eyes). Parsing is as
 strict as a policy's, and errors are ``api.PolicyError`` naming the field path.
 """
 from __future__ import annotations
@@ -57,6 +58,7 @@ CREATED_AT: Final = ANNOTATION_PREFIX + "created-at"
 APPROVED_BY: Final = ANNOTATION_PREFIX + "approved-by"
 APPROVED_AT: Final = ANNOTATION_PREFIX + "approved-at"
 APPROVED_GENERATION: Final = ANNOTATION_PREFIX + "approved-generation"
+SPEC_CHANGED_BY: Final = ANNOTATION_PREFIX + "spec-changed-by"   # who last wrote the spec (creating it too)
 
 ACCEPTED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "": frozenset({"apiVersion", "kind", "metadata", "spec", "status"}),
@@ -89,12 +91,23 @@ class ExceptionMatch:
 
 @dataclasses.dataclass(frozen=True)
 class Record:
-    """Who created and approved the exception, and when (seconds since the epoch)."""
+    """Who created and approved the exception, and when (seconds since the epoch), and who last
+    changed its spec."""
     created_by: str = ""
     created_at: float | None = None
     approved_by: str = ""
     approved_at: float | None = None
     approved_generation: int | None = None
+    spec_changed_by: str = ""
+
+    @property
+    def authors(self) -> frozenset[str]:
+        """Whoever wrote what is approved: an approval counts only from someone else (four eyes)."""
+        return frozenset(who for who in (self.created_by, self.spec_changed_by) if who)
+
+    @property
+    def self_approved(self) -> bool:
+        return self.approved_by in self.authors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +132,10 @@ class PolicyException:
 
     @property
     def approved(self) -> bool:
-        """Approved for this very spec: an edit (a new generation) voids an approval."""
-        return bool(self.record.approved_by) and self.record.approved_generation == self.generation
+        """Approved for this very spec (an edit, a new generation, voids an approval), by someone
+        other than who created it or last changed its spec."""
+        return (bool(self.record.approved_by) and self.record.approved_generation == self.generation
+                and not self.record.self_approved)
 
     def in_force(self, now: float) -> bool:
         return now < self.expires_at
@@ -191,7 +206,8 @@ def _parse_record(annotations: Mapping[str, Any]) -> Record:
         if not raw.isdigit():
             raise PolicyError(f"metadata.annotations[{APPROVED_GENERATION!r}]", f"{raw!r} is not a generation")
         generation = int(raw)
-    return Record(text(CREATED_BY), time(CREATED_AT), text(APPROVED_BY), time(APPROVED_AT), generation)
+    return Record(text(CREATED_BY), time(CREATED_AT), text(APPROVED_BY), time(APPROVED_AT), generation,
+                  text(SPEC_CHANGED_BY))
 
 
 def parse_time(value: Any, path: str) -> float:

@@ -16,6 +16,7 @@ import yaml
 from chart_render import CHART_DIR, NAMESPACE, RELEASE, ROOT, SCENARIOS, crd_documents, render
 
 from admission_policy import features
+from admission_policy.cluster.routing import BREAK_GLASS_LABEL
 from admission_policy.operator.config import SETTINGS, OperatorConfig
 
 ROOT_CRDS = ROOT / "crds"
@@ -468,7 +469,6 @@ def test_uninstall_hook_deletes_exactly_the_webhook_configurations(chart: helm.C
     assert container["command"] + container["args"] == ["admission-policy", "cleanup-webhooks", "--name", config]
     assert container["securityContext"] == operator_container(docs)["securityContext"]
     job_pod_labels = job["spec"]["template"]["metadata"]["labels"]
-    assert job_pod_labels["policy-operator.dev/exempt"] == "true"
     # The cleanup pod must never become an endpoint of the webhook Service.
     assert not labels_match(webhook_service(docs)["spec"]["selector"], job_pod_labels)
 
@@ -519,10 +519,32 @@ def test_deployment_security_context(chart: helm.Chart, scenario: str) -> None:
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_pods_carry_the_exemption_label(chart: helm.Chart, scenario: str) -> None:
+def test_every_object_the_chart_writes_carries_the_break_glass_label(chart: helm.Chart, scenario: str) -> None:
+    """So that its installer, when a break-glass identity, installs, upgrades and uninstalls it
+    whatever policies are in place (hooks and the optional report CRDs included)."""
     values, namespace = SCENARIOS[scenario]
-    template = operator_deployment(render(chart, values, namespace))["spec"]["template"]
-    assert template["metadata"]["labels"]["policy-operator.dev/exempt"] == "true"
+    docs = render(chart, {**values, "reports": {**values.get("reports", {}), "installCRDs": True}}, namespace)
+    assert any(d["kind"] == "CustomResourceDefinition" for d in docs)
+    unlabelled = [f"{d['kind']} {d['metadata']['name']}" for d in docs
+                  if (d["metadata"].get("labels") or {}).get(BREAK_GLASS_LABEL) != "true"]
+    assert unlabelled == []
+    # The Pods go without: the controllers create them in the release namespace, never judged.
+    template = operator_deployment(docs)["spec"]["template"]
+    assert BREAK_GLASS_LABEL not in template["metadata"]["labels"]
+
+
+def test_break_glass_identities_reach_the_operator_as_it_parses_them(chart: helm.Chart) -> None:
+    def break_glass(values: dict[str, Any], namespace: str = NAMESPACE) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        env = env_of(operator_container(render(chart, values, namespace)))
+        config = OperatorConfig.from_env({k: v for k, v in env.items() if k.startswith("AP_BREAK_GLASS_")})
+        return config.break_glass_groups, config.break_glass_users
+
+    own = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-admission-policy-operator"
+    assert break_glass({}) == (("system:masters",), (own,))
+    chosen = {"breakGlass": {"groups": [], "users": ["system:serviceaccount:argocd:argocd-application-controller"]},
+              "serviceAccount": {"name": "apo"}}
+    assert break_glass(chosen, "policies") == ((), ("system:serviceaccount:argocd:argocd-application-controller",
+                                                     "system:serviceaccount:policies:apo"))
 
 
 def test_default_replicas_and_anti_affinity(chart: helm.Chart) -> None:
@@ -806,6 +828,11 @@ def test_template_rejects_inconsistent_values(chart: helm.Chart, values: dict[st
 def test_notes_render(chart: helm.Chart) -> None:
     notes = chart.render({}, name=RELEASE, namespace=NAMESPACE)["admission-policy-operator/templates/NOTES.txt"]
     assert "kube-system, policy-system" in notes
+    sa = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-admission-policy-operator"
+    assert f"written by group system:masters or {sa}\nonly, objects labelled" in notes, notes
+    notes = chart.render({"breakGlass": {"groups": []}}, name=RELEASE, namespace=NAMESPACE)[
+        "admission-policy-operator/templates/NOTES.txt"]
+    assert f"written by {sa}\nonly" in notes, notes
     notes = chart.render({"cleanupHook": {"enabled": False}}, name=RELEASE, namespace=NAMESPACE)[
         "admission-policy-operator/templates/NOTES.txt"
     ]

@@ -145,6 +145,14 @@ def chart_cluster_roles(*suffixes: str) -> list[dict[str, Any]]:
     return [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith(suffixes)]
 
 
+def role_binding(namespace: str, role: str, user: str) -> dict[str, Any]:
+    """A RoleBinding of ClusterRole ``role`` to ``user`` in ``namespace`` (the user is then impersonated)."""
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": unique(f"e2e-{user}"[:40]), "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}
+
+
 def install_report_crds(cluster: Cluster) -> None:
     """The openreports CRDs, as the chart's ``reports.installCRDs=true`` installs them (left in
     place: other tests and runs reuse them)."""

@@ -8,7 +8,9 @@ kubectl, each under their own identity (impersonated by the admin, with RBAC fro
   with a warning naming the exception and its end, and the background audit reports the Pod
   under it as ``skip``, naming the exception;
 - at ``expiresAt`` the same Deployment is refused again, the status says Expired (with an event),
-  and the report says ``fail``.
+  and the report says ``fail``;
+- four eyes: an approver who asks for an exception can neither create it approved nor approve it;
+  a second approver can, and the status, ``kubectl get ape`` and the events name who.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from e2e_kube import (
     eventually,
     install_report_crds,
     policy_body,
+    role_binding,
     unique,
 )
 from prometheus_client.parser import text_string_to_metric_families
@@ -46,13 +49,6 @@ pytestmark = pytest.mark.e2e
 LABEL = "e2e-exceptions"
 POLICY = unique("e2e-no-privileged")
 LIFETIME = 50   # seconds from the exception's creation to its expiry: the whole flow fits in it
-
-
-def role_binding(namespace: str, role: str, user: str) -> dict[str, Any]:
-    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": unique(f"e2e-{user}"[:40]), "namespace": namespace},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}
 
 
 def deployment(namespace: str) -> dict[str, Any]:
@@ -130,13 +126,15 @@ def test_an_exception_is_asked_for_approved_applied_and_ends_on_time(
             unknown_rule["spec"]["policies"][0]["rules"] = ["no-such-rule"]
             answer = apply_as(tenant, unknown_rule)
             assert answer.returncode != 0 and "spec.policies[0].rules[0]" in answer.stderr, answer
+            # kubectl's words for a 422, as docs/exceptions.md shows them.
+            assert answer.stderr.startswith("The request is invalid: error when creating"), answer.stderr
 
             # The tenant cannot approve its own exception: not by hand, not with the annotation.
             forged = exception(ns, "forged", now + datetime.timedelta(minutes=5), annotations={
                 APPROVED_BY: tenant, "policy-operator.dev/approved-generation": "1",
                 "policy-operator.dev/approved-at": now.strftime("%Y-%m-%dT%H:%M:%SZ")})
             answer = apply_as(tenant, forged)
-            assert answer.returncode != 0 and f"{tenant} may not approve" in answer.stderr, answer
+            assert answer.returncode != 0 and "an exception is created unapproved" in answer.stderr, answer
 
             expires = datetime.datetime.now(datetime.UTC).replace(microsecond=0) + datetime.timedelta(seconds=LIFETIME)
             created = apply_as(tenant, exception(ns, "legacy-privileged", expires))
@@ -201,6 +199,87 @@ def test_an_exception_is_asked_for_approved_applied_and_ends_on_time(
             assert any(e["reason"] == "Activated" for e in events)
             eventually(results, lambda r: r.get("legacy-pod", {}).get("result") == "fail",
                        "the Report to say fail after expiry", cluster.settings.timeout)
+        finally:
+            cluster.kubectl("delete", "ape", "--all", "-n", ns, "--ignore-not-found", check=False)
+            applied.delete_all()
+
+
+def test_an_approval_counts_only_from_a_second_person(
+        cluster: Cluster, operator: OperatorProcess, namespace: Callable[..., str], tmp_path: pathlib.Path,
+        request: pytest.FixtureRequest) -> None:
+    ns = namespace()
+    first, second = unique("e2e-lead-one"), unique("e2e-lead-two")
+    roles = chart_cluster_roles("-exception-editor", "-exception-approver")
+    bindings = [role_binding(ns, role["metadata"]["name"], user) for role in roles for user in (first, second)]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([*roles, *bindings]))
+    for role in roles:
+        request.addfinalizer(lambda name=role["metadata"]["name"]: cluster.kubectl(
+            "delete", "clusterrole", name, "--ignore-not-found", check=False))
+
+    def kubectl_as(user: str, *args: str, input: str | None = None) -> Any:
+        return cluster.kubectl("--as", user, "-n", ns, *args, input=input, check=False)
+
+    def status() -> dict[str, Any]:
+        return dict(cluster.get(AdmissionPolicyException, "legacy", ns).obj.get("status") or {})
+
+    expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=30)
+    with replicas(cluster, operator, tmp_path, request, 1, peering=False, proxy=False, prefix="ap-e2e-four-eyes"):
+        applied = Policies(cluster)
+        try:
+            body = no_privileged()
+            del body["spec"]["exceptions"]["approval"]   # Required is the default
+            applied.apply(body)
+            applied.wait_active(POLICY)
+
+            # Created already approved: refused, whoever asks.
+            asked = exception(ns, "legacy", expires, annotations={APPROVE: "true"})
+            answer = kubectl_as(first, "create", "-f", "-", input=yaml.safe_dump(asked))
+            assert answer.returncode != 0 and "an exception is created unapproved" in answer.stderr, answer
+
+            created = kubectl_as(first, "create", "-f", "-", input=yaml.safe_dump(exception(ns, "legacy", expires)))
+            assert created.returncode == 0, created
+            pending = eventually(status, lambda s: s.get("state") == "PendingApproval", "state PendingApproval",
+                                 cluster.settings.timeout)
+            assert pending["createdBy"] == first and pending["specChangedBy"] == first, pending
+            approved = next(c for c in pending["conditions"] if c["type"] == "Approved")
+            assert f"someone allowed to approve other than {first}" in approved["message"], approved
+
+            # The record is kept, and kubectl says so.
+            overwrite = kubectl_as(first, "annotate", "--overwrite", "ape", "legacy", f"{CREATED_BY}={second}")
+            assert overwrite.returncode == 0, overwrite
+            assert f"{CREATED_BY} is the operator's record and was not changed" in overwrite.stderr, overwrite
+            stored = cluster.get(AdmissionPolicyException, "legacy", ns).obj["metadata"]["annotations"]
+            assert stored[CREATED_BY] == first, stored
+
+            own = kubectl_as(first, "annotate", "ape", "legacy", f"{APPROVE}=true")
+            assert own.returncode != 0, own
+            assert f"{first} created this exception or last changed its spec" in own.stderr, own
+            assert "four eyes" in own.stderr, own
+
+            # The second approver edits the spec: now only the first may approve it.
+            edited = kubectl_as(second, "patch", "ape", "legacy", "--type=merge",
+                                "-p", '{"spec": {"reason": "TICKET-1234, now with a date"}}')
+            assert edited.returncode == 0, edited
+            eventually(status, lambda s: s.get("specChangedBy") == second, "specChangedBy the second",
+                       cluster.settings.timeout)
+            again = kubectl_as(second, "annotate", "ape", "legacy", f"{APPROVE}=true")
+            assert again.returncode != 0 and "four eyes" in again.stderr, again
+            # ... and, being its creator, not the first either: a third person approves.
+            third = unique("e2e-lead-three")
+            cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(role_binding(
+                ns, next(r["metadata"]["name"] for r in roles if r["metadata"]["name"].endswith("-approver")), third)))
+            approval = kubectl_as(third, "annotate", "ape", "legacy", f"{APPROVE}=true")
+            assert approval.returncode == 0, approval
+            active = eventually(status, lambda s: s.get("state") == "Active", "state Active",
+                                cluster.settings.timeout)
+            assert active["approvedBy"] == third and active["approvedGeneration"] == 2, active
+            row = kubectl_as(first, "get", "ape", "legacy", "--no-headers").stdout.split()
+            assert row[3:5] == [third, "Active"], row
+            events = eventually(lambda: cluster.items(pykube.Event, namespace=ns), lambda items: any(
+                e["reason"] == "Activated" and e["involvedObject"]["name"] == "legacy" for e in items),
+                "an Activated event", cluster.settings.timeout)
+            (activated,) = [e for e in events if e["reason"] == "Activated"]
+            assert activated["message"].endswith(f", approved by {third}"), activated
         finally:
             cluster.kubectl("delete", "ape", "--all", "-n", ns, "--ignore-not-found", check=False)
             applied.delete_all()

@@ -93,7 +93,7 @@ def test_after_the_operator_exits_kube_system_and_its_namespace_stay_writable(
                 assert answer.ok, f"operator down: an update in {exempt_namespace} was blocked: {answer}"
                 answer = cluster.delete(pykube.ConfigMap, name, exempt_namespace)
                 assert answer.ok, f"operator down: a delete in {exempt_namespace} was blocked: {answer}"
-        # Nor for objects labelled exempt, anywhere.
+        # Nor for a cluster admin's break-glass writes (objects labelled exempt), anywhere.
         exempt = cluster.create(pykube.ConfigMap, configmap(ns, "exempt-while-down", {EXEMPT_LABEL: "true"}))
         assert exempt.ok, f"operator down: an exempt-labelled write was blocked: {exempt}"
 

@@ -38,6 +38,7 @@ from operator_env import (
 )
 
 from admission_policy.cluster import watch as cluster_watch
+from admission_policy.cluster.routing import break_glass_condition
 from builders import AUTHENTICATED_ALICE, admission_request, policy_body
 
 FINALIZER = "policy-operator.dev/finalizer"
@@ -265,8 +266,9 @@ async def test_written_configurations_field_by_field(
         assert webhook["admissionReviewVersions"] == ["v1"]
         assert webhook["namespaceSelector"] == {"matchExpressions": [
             {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [NAMESPACE, "kube-system"]}]}
-        assert webhook["objectSelector"] == {"matchExpressions": [
-            {"key": "policy-operator.dev/exempt", "operator": "NotIn", "values": ["true"]}]}
+        # No objectSelector: a label is the writer's own; the break-glass also names who wrote it.
+        assert "objectSelector" not in webhook
+        assert webhook["matchConditions"] == [break_glass_condition((), ("system:masters",))]
     # The caBundle is the CA that signed the certificate the server actually presents.
     for webhook in (fixed, exceptions, routed, record, mutate):
         cas = x509.load_pem_x509_certificates(base64.b64decode(webhook["clientConfig"]["caBundle"]))
@@ -542,7 +544,7 @@ async def test_a_wildcard_policy_never_judges_the_operators_own_api_or_namespace
     assert ("policy-operator.dev", "admissionpolicies") not in resources
     assert ("policy-operator.dev", "admissionpolicyexceptions") not in resources
     assert ("apiextensions.k8s.io", "customresourcedefinitions") in resources
-    assert [c["name"] for c in routed["matchConditions"]] == ["not-the-operators-own-crds"]
+    assert [c["name"] for c in routed["matchConditions"]] == ["not-break-glass", "not-the-operators-own-crds"]
 
 
 async def test_denials_are_info_lines_rate_limited_per_policy_and_every_decision_a_debug_line(

@@ -36,10 +36,11 @@ def tenant_body(namespace: str, name: str) -> dict[str, Any]:
                           match={"resources": [POD_RULE]}), "kind": api.NAMESPACED_KIND}
 
 
-def write(obj: dict[str, Any], resource: str, *, namespace: str, name: str) -> dict[str, Any]:
-    """The review of a CREATE of one of the operator's own kinds, by Alice."""
+def write(obj: dict[str, Any], resource: str, *, namespace: str, name: str, old: Any = None) -> dict[str, Any]:
+    """The review of a CREATE (an UPDATE, given ``old``) of one of the operator's own kinds, by Alice."""
     return admission_request(obj, resource=resource, group=api.GROUP, version=api.VERSION, kind=obj["kind"],
-                             name=name, namespace=namespace, user_info=ALICE, dryRun=False)
+                             name=name, namespace=namespace, user_info=ALICE, dryRun=False,
+                             operation="CREATE" if old is None else "UPDATE", old=old)
 
 
 async def test_a_tenant_policy_over_its_namespaces_limit_is_refused_at_apply(
@@ -87,11 +88,17 @@ async def test_an_exception_gets_its_creation_record_and_a_forged_approval_is_re
         (stamp,) = json.loads(base64.b64decode(stamped["patch"]))
         record = stamp["value"]
         assert record[policyexception.CREATED_BY] == ALICE["username"]
-        # As stored after the mutating phase, with an approval Alice wrote herself.
-        forged = {**exception, "metadata": {**exception["metadata"], "annotations": {
+        # As stored after the mutating phase, with an approval Alice wrote herself: never on a create.
+        forged = {**exception, "metadata": {**exception["metadata"], "generation": 1, "annotations": {
             **record, policyexception.APPROVED_BY: ALICE["username"], policyexception.APPROVED_GENERATION: "1",
             policyexception.APPROVED_AT: record[policyexception.CREATED_AT]}}}
         refused = await webhook.review("/validate-exception", write(forged, policyexception.PLURAL,
                                                                     namespace="team-a", name="legacy"))
+        assert refused["allowed"] is False
+        assert "an exception is created unapproved" in refused["status"]["message"]
+        # Nor later: the API server says Alice may not approve.
+        stored = {**exception, "metadata": {**exception["metadata"], "generation": 1, "annotations": record}}
+        refused = await webhook.review("/validate-exception", write(forged, policyexception.PLURAL,
+                                                                    namespace="team-a", name="legacy", old=stored))
         assert refused["allowed"] is False
         assert f"{ALICE['username']} may not approve" in refused["status"]["message"]

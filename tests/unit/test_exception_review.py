@@ -20,6 +20,7 @@ from admission_policy.policyexception import (
     APPROVED_GENERATION,
     CREATED_AT,
     CREATED_BY,
+    SPEC_CHANGED_BY,
     format_time,
     parse_exception,
     parse_time,
@@ -41,7 +42,7 @@ def exception_body(*, annotations: dict[str, str] | None = None, generation: int
 
 
 def created(by: str = "tenant-admin", at: float = NOW - 3600) -> dict[str, str]:
-    return {CREATED_BY: by, CREATED_AT: format_time(at)}
+    return {CREATED_BY: by, CREATED_AT: format_time(at), SPEC_CHANGED_BY: by}
 
 
 def write(obj: dict[str, Any], *, operation: str = "CREATE", old: dict[str, Any] | None = None,
@@ -52,7 +53,7 @@ def write(obj: dict[str, Any], *, operation: str = "CREATE", old: dict[str, Any]
 
 def stored(review: Any, may_approve: bool) -> dict[str, Any]:
     """The object as the API server stores it after the mutating phase."""
-    patch = stamp(review, NOW, may_approve=may_approve)
+    patch = stamp(review, NOW, may_approve=may_approve).patch
     return jsonpatch.apply_patch(copy.deepcopy(review.object), list(patch)) if patch else copy.deepcopy(review.object)
 
 
@@ -65,13 +66,19 @@ def annotations(obj: dict[str, Any]) -> dict[str, str]:
 def test_create_records_the_creator_and_the_time_from_the_request() -> None:
     review = write(exception_body())
     after = stored(review, may_approve=False)
-    assert annotations(after) == {CREATED_BY: "tenant-admin", CREATED_AT: "2026-11-01T12:00:00Z"}
+    assert annotations(after) == created(at=NOW)
     assert refusal(write(after), NOW, may_approve=False) == ""
+    assert stamp(review, NOW, may_approve=False).warnings == ()
 
 
-def test_a_creation_record_written_by_hand_is_overwritten_with_the_requester() -> None:
-    after = stored(write(exception_body(annotations=created(by="someone-else"))), may_approve=False)
-    assert annotations(after)[CREATED_BY] == "tenant-admin"
+def test_a_creation_record_written_by_hand_is_overwritten_with_the_requester_and_a_warning() -> None:
+    review = write(exception_body(annotations=created(by="someone-else")))
+    after = stored(review, may_approve=False)
+    assert annotations(after) == created(at=NOW)
+    warnings = stamp(review, NOW, may_approve=False).warnings
+    assert len(warnings) == 3    # the two names and the time
+    assert warnings[0] == (f"{CREATED_BY} is the operator's record and was not changed: it says 'tenant-admin', "
+                           "not 'someone-else'")
 
 
 def test_a_create_that_the_mutating_webhook_did_not_stamp_is_refused() -> None:
@@ -82,10 +89,21 @@ def test_a_create_that_the_mutating_webhook_did_not_stamp_is_refused() -> None:
 def test_an_update_keeps_the_creation_record_and_refuses_a_change_of_it() -> None:
     old = exception_body(annotations=created())
     edited = exception_body(annotations=created(by="tenant-b"), reason="still migrating")
-    after = stored(write(edited, operation="UPDATE", old=old, user=APPROVER), may_approve=False)
-    assert annotations(after) == created()
+    review = write(edited, operation="UPDATE", old=old, user=APPROVER)
+    after = stored(review, may_approve=False)
+    assert annotations(after) == {**created(), SPEC_CHANGED_BY: "security-lead"}   # who changed the spec
+    assert any(w.startswith(f"{CREATED_BY} is the operator's record") and "'tenant-b'" in w
+               for w in stamp(review, NOW, may_approve=False).warnings)
     message = refusal(write(edited, operation="UPDATE", old=old), NOW, may_approve=False)
     assert CREATED_BY in message and "cannot change" in message
+
+
+def test_who_last_changed_the_spec_is_recorded_and_cannot_be_written_by_hand() -> None:
+    old = exception_body(annotations=created())
+    relabelled = exception_body(annotations={**created(), SPEC_CHANGED_BY: "someone-else"})
+    review = write(relabelled, operation="UPDATE", old=old, user=APPROVER)   # no spec change
+    assert annotations(stored(review, may_approve=False))[SPEC_CHANGED_BY] == "tenant-admin"
+    assert SPEC_CHANGED_BY in refusal(review, NOW, may_approve=False)
 
 
 # --- approval ------------------------------------------------------------------------------------------------
@@ -112,13 +130,48 @@ def test_someone_who_may_not_approve_is_refused_naming_the_permission() -> None:
     assert "'approve' on admissionpolicyexceptions/approval" in message
 
 
-def test_an_approval_record_written_by_hand_is_refused() -> None:
-    """A tenant cannot create an exception that says it is approved (the issue's self-approval)."""
+def test_an_exception_cannot_be_created_approved() -> None:
+    """Neither with a record written by hand nor by an approver asking to approve at once: nobody
+    else would have seen what is approved."""
     forged = exception_body(annotations={APPROVED_BY: "tenant-admin", APPROVED_AT: format_time(NOW),
                                          APPROVED_GENERATION: "1"})
-    review = write(forged)
-    assert wants_approval_check(review)
-    assert "may not approve" in refusal(write(stored(review, may_approve=False)), NOW, may_approve=False)
+    asked = exception_body(annotations={APPROVE: "true"})
+    for body, user in ((forged, TENANT), (asked, APPROVER)):
+        review = write(body, user=user)
+        assert not wants_approval_check(review)
+        after = stored(review, may_approve=True)
+        assert annotations(after).get(APPROVED_BY) in (None, "tenant-admin")   # nothing recorded
+        message = refusal(write(after, user=user), NOW, may_approve=True)
+        assert message.startswith("an exception is created unapproved"), message
+        assert f"kubectl annotate ape -n team-a legacy {APPROVE}=true" in message
+
+
+def test_an_approver_cannot_approve_what_they_created_or_last_changed() -> None:
+    """Four eyes: an approval counts only from someone other than the spec's authors."""
+    lead_created = exception_body(annotations=created(by="security-lead"))
+    lead_edited = exception_body(annotations={**created(), SPEC_CHANGED_BY: "security-lead"}, generation=2)
+    for old in (lead_created, lead_edited):
+        asked = copy.deepcopy(old)
+        asked["metadata"]["annotations"][APPROVE] = "true"
+        review = write(asked, operation="UPDATE", old=old, user=APPROVER)
+        after = stored(review, may_approve=True)
+        assert APPROVED_BY not in annotations(after)
+        message = refusal(write(after, operation="UPDATE", old=old, user=APPROVER), NOW, may_approve=True)
+        assert "security-lead created this exception or last changed its spec" in message
+        assert "four eyes" in message
+        forged = copy.deepcopy(old)
+        forged["metadata"]["annotations"].update({APPROVED_BY: "security-lead", APPROVED_AT: format_time(NOW),
+                                                  APPROVED_GENERATION: str(old["metadata"]["generation"])})
+        assert "four eyes" in refusal(write(forged, operation="UPDATE", old=old, user=APPROVER), NOW,
+                                      may_approve=True)
+    # A second approver can.
+    asked = copy.deepcopy(lead_edited)
+    asked["metadata"]["annotations"][APPROVE] = "true"
+    other = {"username": "second-lead", "groups": ["security"]}
+    after = stored(write(asked, operation="UPDATE", old=lead_edited, user=other), may_approve=True)
+    assert annotations(after)[APPROVED_BY] == "second-lead" and annotations(after)[APPROVED_GENERATION] == "2"
+    assert refusal(write(after, operation="UPDATE", old=lead_edited, user=other), NOW, may_approve=True) == ""
+    assert parse_exception(after).approved
 
 
 def test_even_an_approver_cannot_write_the_record_by_hand() -> None:
@@ -175,6 +228,7 @@ def test_a_recorded_time_far_from_now_is_not_the_webhooks() -> None:
 # --- status --------------------------------------------------------------------------------------------------
 
 APPROVAL_REQUIRED = {"exceptions": {"approval": "Required"}}
+APPROVAL_NONE = {"exceptions": {"approval": "None"}}
 
 
 def no_privileged(**spec: Any) -> api.AdmissionPolicy:
@@ -190,18 +244,30 @@ def judged(body: dict[str, Any], now: float = NOW, **spec: Any) -> tuple[str, di
 def test_status_active_until_expiry_to_the_second() -> None:
     body = exception_body(annotations=created())
     end = parse_time(EXPIRES, "")
-    assert judged(body, end - 1)[0] == "Active"
-    state, conditions = judged(body, end)
+    assert judged(body, end - 1, **APPROVAL_NONE)[0] == "Active"
+    state, conditions = judged(body, end, **APPROVAL_NONE)
     assert state == "Expired"
     assert conditions["Active"]["reason"] == "Expired" and EXPIRES in conditions["Active"]["message"]
 
 
 def test_status_pending_approval_names_the_policy_and_how_to_approve() -> None:
-    state, conditions = judged(exception_body(annotations=created()), **APPROVAL_REQUIRED)
-    assert state == "PendingApproval"
-    assert conditions["Approved"]["status"] == "False"
-    assert "no-privileged" in conditions["Approved"]["message"]
-    assert f"kubectl annotate ape -n team-a legacy {APPROVE}=true" in conditions["Approved"]["message"]
+    for spec in ({}, APPROVAL_REQUIRED):   # Required is the default
+        state, conditions = judged(exception_body(annotations=created()), **spec)
+        assert state == "PendingApproval"
+        assert conditions["Approved"]["status"] == "False"
+        assert "no-privileged" in conditions["Approved"]["message"]
+        assert ("someone allowed to approve other than tenant-admin runs "
+                f"`kubectl annotate ape -n team-a legacy {APPROVE}=true`") in conditions["Approved"]["message"]
+
+
+def test_status_names_the_approver_and_refuses_a_self_approval_an_older_operator_recorded() -> None:
+    record = {**created(), APPROVED_BY: "security-lead", APPROVED_AT: format_time(NOW), APPROVED_GENERATION: "1"}
+    state, conditions = judged(exception_body(annotations=record))
+    assert state == "Active" and conditions["Active"]["message"].endswith(", approved by security-lead")
+    own = {**record, APPROVED_BY: "tenant-admin"}
+    state, conditions = judged(exception_body(annotations=own))
+    assert state == "PendingApproval" and conditions["Approved"]["reason"] == "SelfApproved"
+    assert "approved by tenant-admin, who created it or last changed its spec" in conditions["Approved"]["message"]
 
 
 def test_status_after_a_spec_edit_says_the_approval_was_for_another_generation() -> None:

@@ -38,9 +38,11 @@ def no_privileged(**spec: Any) -> Any:
 
 def exception_body(name: str = "legacy", *, namespace: str = "default", policies: Any = None,
                    annotations: dict[str, str] | None = None, generation: int = 1, **spec: Any) -> dict[str, Any]:
+    """An exception; by default created by alice and approved by someone else (policies require it)."""
+    record = {policyexception.CREATED_BY: "alice", **approved()} if annotations is None else annotations
     return {"apiVersion": api.API_VERSION, "kind": policyexception.KIND,
             "metadata": {"name": name, "namespace": namespace, "generation": generation,
-                         "annotations": dict(annotations or {})},
+                         "annotations": dict(record)},
             "spec": {"policies": policies if policies is not None else [{"name": "no-privileged"}],
                      "reason": "migration pending", "expiresAt": EXPIRES, **spec}}
 
@@ -197,8 +199,29 @@ def test_approval_counts_for_the_generation_it_approved() -> None:
         assert decide(strict, privileged_pod(), exceptions=given, now=BEFORE).allowed is covered
 
 
+def test_approval_is_required_unless_the_policy_says_none() -> None:
+    """The default: an exception-editor cannot grant an exception that applies at once."""
+    assert api.ExceptionRules().approval == "Required"
+    given = exceptions(exception_body(annotations={policyexception.CREATED_BY: "alice"}))
+    assert not decide(no_privileged(), privileged_pod(), exceptions=given, now=BEFORE).allowed
+    assert decide(no_privileged(exceptions={"approval": "None"}), privileged_pod(), exceptions=given,
+                  now=BEFORE).allowed
+
+
+@pytest.mark.parametrize(("record", "covered"), [
+    ({policyexception.CREATED_BY: "alice"}, True),
+    ({policyexception.CREATED_BY: "lead"}, False),                                     # approved their own
+    ({policyexception.CREATED_BY: "alice", policyexception.SPEC_CHANGED_BY: "lead"}, False),   # their own edit
+    ({policyexception.CREATED_BY: "alice", policyexception.SPEC_CHANGED_BY: "bob"}, True),
+])
+def test_an_approval_counts_only_from_someone_other_than_the_specs_authors(
+        record: dict[str, str], covered: bool) -> None:
+    given = exceptions(exception_body(annotations={**record, **approved()}))
+    assert decide(no_privileged(), privileged_pod(), exceptions=given, now=BEFORE).allowed is covered
+
+
 def test_a_policy_that_allows_none_or_caps_the_duration_is_not_waived() -> None:
-    created = {policyexception.CREATED_AT: "2026-12-01T00:00:00Z"}
+    created = {policyexception.CREATED_AT: "2026-12-01T00:00:00Z", **approved()}
     given = exceptions(exception_body(annotations=created))
     assert not decide(no_privileged(exceptions={"allowed": False}), privileged_pod(), exceptions=given,
                       now=BEFORE).allowed

@@ -2,13 +2,20 @@
 
 import base64
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
 from celcases import evaluate
 
 from admission_policy.cluster.discovery import DiscoveredResource
-from admission_policy.cluster.routing import NEVER_ROUTED, RouteRule, never_judged, unserved_resources
+from admission_policy.cluster.routing import (
+    NEVER_ROUTED,
+    RouteRule,
+    break_glass_condition,
+    never_judged,
+    unserved_resources,
+)
 from admission_policy.operator.config import OperatorConfig
 from admission_policy.operator.webhookconfig import (
     RECORD_OR_SPEC_WRITTEN,
@@ -135,9 +142,7 @@ def test_validating_configuration_field_by_field() -> None:
                 }
             ]
         },
-        "objectSelector": {
-            "matchExpressions": [{"key": "policy-operator.dev/exempt", "operator": "NotIn", "values": ["true"]}]
-        },
+        "matchConditions": [break_glass_condition((), ("system:masters",))],
         "rules": [
             {
                 "apiGroups": [""],
@@ -448,17 +453,16 @@ def test_explicit_rule_gets_the_preferred_version() -> None:
     assert [(r["apiGroups"], r["apiVersions"], r["resources"]) for r in rules] == [([""], ["v1"], ["pods/exec"])]
 
 
-def test_connect_gets_its_own_entry_without_an_object_selector() -> None:
-    """A CONNECT's object is PodExecOptions (no labels): the API server would never match the
-    exemption's objectSelector, and the webhook would never be called."""
+def test_connect_gets_its_own_entry_without_the_break_glass() -> None:
+    """A CONNECT's object is PodExecOptions (no labels): the break-glass could never hold for it."""
     config = validating(route(resources=("pods", "pods/exec", "pods/attach"), operations=("*",)))
     objects = webhook(config, "fail.validate.policy-operator.dev")
     connect = webhook(config, "fail.connect.validate.policy-operator.dev")
-    assert "objectSelector" not in connect
+    assert "matchConditions" not in connect
     assert connect["namespaceSelector"] == objects["namespaceSelector"]
     assert connect["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CONNECT"],
                                  "resources": ["pods/attach", "pods/exec"], "scope": "*"}]
-    assert objects["objectSelector"]["matchExpressions"][0]["key"] == "policy-operator.dev/exempt"
+    assert [c["name"] for c in objects["matchConditions"]] == ["not-break-glass"]
     assert objects["rules"] == [
         {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["*"], "resources": ["pods"], "scope": "*"},
         {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "DELETE", "UPDATE"],
@@ -559,14 +563,15 @@ def test_the_operators_own_api_is_never_routed_even_when_named() -> None:
 def test_webhooks_routing_crds_skip_the_operators_own_crds_by_name() -> None:
     config = validating(route(groups=("*",), resources=("*",), failure_policy="Ignore"), route())
     ignore = webhook(config, "ignore.validate.policy-operator.dev")
-    assert ignore["matchConditions"] == [{
+    assert ignore["matchConditions"][1:] == [{
         "name": "not-the-operators-own-crds",
         "expression": "!(request.resource.group == 'apiextensions.k8s.io' && request.resource.resource == "
                       "'customresourcedefinitions' && request.name in ['admissionpolicies.policy-operator.dev', "
                       "'namespacedadmissionpolicies.policy-operator.dev', "
                       "'admissionpolicyexceptions.policy-operator.dev', 'clusterkopfpeerings.kopf.dev', "
                       "'kopfpeerings.kopf.dev'])"}]
-    assert "matchConditions" not in webhook(config, "fail.validate.policy-operator.dev")   # pods only
+    assert [c["name"] for c in webhook(config, "fail.validate.policy-operator.dev")["matchConditions"]] == [
+        "not-break-glass"]   # pods only
 
 
 @pytest.mark.parametrize(("group", "resource", "namespace", "name", "judged"), [
@@ -763,3 +768,74 @@ def test_a_tenant_entry_never_routes_cluster_scoped_requests() -> None:
                 named = {(group, resource.partition("/")[0]) for group in rule["apiGroups"]
                          for resource in rule["resources"]}
                 assert rule["scope"] == "Namespaced" or not named & cluster_scoped, (entry["name"], rule)
+
+
+def _skipped(condition: dict[str, str], *, user: str = "jane", groups: list[str] | None = None,
+             labels: dict[str, str] | None = None, old_labels: dict[str, str] | None = None,
+             operation: str = "CREATE") -> bool:
+    """Whether the API server would hold the request back from the webhook (the condition false)."""
+    def obj(found: dict[str, str] | None) -> dict[str, Any] | None:
+        return None if found is None else {"metadata": {"name": "x", "labels": found} if found else {"name": "x"}}
+    info: dict[str, Any] = {"username": user}
+    if groups is not None:
+        info["groups"] = groups
+    request = {"operation": operation, "userInfo": info}
+    return evaluate(condition["expression"], request=request, oldObject=obj(old_labels),
+                    object=obj(labels) if operation != "DELETE" else None) is False
+
+
+LABEL = {"policy-operator.dev/exempt": "true"}
+
+
+@pytest.mark.parametrize(("kwargs", "skipped"), [
+    ({"groups": ["system:masters", "system:authenticated"], "labels": LABEL}, True),
+    ({"user": "system:serviceaccount:ops:operator", "groups": ["system:serviceaccounts"], "labels": LABEL}, True),
+    # Anyone else: the label is theirs to set, so it changes nothing.
+    ({"groups": ["system:authenticated"], "labels": LABEL}, False),
+    ({"user": "system:serviceaccount:ops:other", "labels": LABEL}, False),
+    ({"labels": LABEL}, False),   # no groups at all
+    # A named identity without the label is judged like anyone.
+    ({"groups": ["system:masters"], "labels": {}}, False),
+    ({"groups": ["system:masters"], "labels": {"policy-operator.dev/exempt": "yes"}}, False),
+    ({"groups": ["system:masters"]}, False),   # an object without labels
+    # UPDATE judges the new object: removing the label puts the object back under the policies.
+    ({"groups": ["system:masters"], "labels": {}, "old_labels": LABEL, "operation": "UPDATE"}, False),
+    ({"groups": ["system:masters"], "labels": LABEL, "old_labels": {}, "operation": "UPDATE"}, True),
+    # DELETE has no object: the stored one decides.
+    ({"groups": ["system:masters"], "old_labels": LABEL, "operation": "DELETE"}, True),
+    ({"groups": ["system:authenticated"], "old_labels": LABEL, "operation": "DELETE"}, False),
+    ({"groups": ["system:masters"], "old_labels": {}, "operation": "DELETE"}, False),
+])
+def test_break_glass_holds_only_for_named_identities_writing_a_labelled_object(
+        kwargs: dict[str, Any], skipped: bool) -> None:
+    condition = break_glass_condition(("system:serviceaccount:ops:operator",), ("system:masters",))
+    assert condition is not None
+    assert _skipped(condition, **kwargs) is skipped
+
+
+def test_break_glass_names_are_quoted_as_cel_strings() -> None:
+    odd = 'o\'dd "group"'
+    condition = break_glass_condition(('a"b\\c',), (odd,))
+    assert condition is not None
+    assert _skipped(condition, user='a"b\\c', labels=LABEL)
+    assert _skipped(condition, user="x", groups=[odd], labels=LABEL)
+    assert not _skipped(condition, user="x", groups=["o"], labels=LABEL)
+
+
+def test_break_glass_naming_nobody_gives_no_condition() -> None:
+    settings = OperatorConfig(exempt_namespaces=(), break_glass_groups=(), break_glass_users=())
+    assert break_glass_condition((), ()) is None
+    assert "matchConditions" not in webhook(validating(route(), settings=settings), "fail.validate.policy-operator.dev")
+
+
+def test_the_operators_own_kinds_have_no_break_glass() -> None:
+    """Nothing may smuggle in a policy that does not compile, nor an approval."""
+    settings = dataclasses.replace(SETTINGS, break_glass_users=("admin",))
+    for config in (validating(route(), settings=settings), mutating(route(mutating=True), settings=settings)):
+        for entry in config["webhooks"]:
+            if entry["name"] in FIXED:
+                assert "objectSelector" not in entry, entry["name"]
+                assert "not-break-glass" not in [c["name"] for c in entry["matchConditions"]], entry["name"]
+            else:
+                assert entry["matchConditions"][0]["name"] == "not-break-glass", entry["name"]
+                assert "objectSelector" not in entry

@@ -35,7 +35,8 @@ app.kubernetes.io/name: {{ include "apo.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
-{{- define "apo.labels" -}}
+{{/* The labels of the chart's Pods. */}}
+{{- define "apo.podLabels" -}}
 helm.sh/chart: {{ include "apo.chart" . }}
 {{ include "apo.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
@@ -43,9 +44,20 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: admission-policy-operator
 {{- end }}
 
-{{/* The label that exempts an object from the operator's own webhooks (objectSelector). */}}
-{{- define "apo.exemptLabel" -}}
+{{/* The labels of every object the chart writes. The break-glass label lets whoever installs the
+chart, when a breakGlass identity (system:masters by default), install, upgrade and uninstall it
+whatever policies are in place; for anyone else it is an ordinary label. Pods go without it: the
+controllers create them, in the release namespace, which no webhook judges anyway. */}}
+{{- define "apo.labels" -}}
+{{ include "apo.podLabels" . }}
 policy-operator.dev/exempt: "true"
+{{- end }}
+
+{{/* The users whose break-glass writes no webhook judges: breakGlass.users and the operator's own
+ServiceAccount (its Reports carry the label). */}}
+{{- define "apo.breakGlassUsers" -}}
+{{- $own := printf "system:serviceaccount:%s:%s" .Release.Namespace (include "apo.serviceAccountName" .) }}
+{{- join "," (uniq (append .Values.breakGlass.users $own)) }}
 {{- end }}
 
 {{- define "apo.serviceAccountName" -}}

@@ -14,7 +14,7 @@ from ..engine.background import Resource
 from ..errors import AdmissionPolicyError
 from .client import call_json, message_of, resource_path
 from .discovery import DiscoveredResource
-from .routing import EXEMPT_LABEL, Exemptions, never_judged
+from .routing import Exemptions, never_judged
 
 MAX_RELISTS: Final = 3     # a listing whose continue token expired starts over at most this often
 
@@ -38,7 +38,7 @@ async def list_objects(api_client: client.ApiClient, settings: ListingSettings, 
     token, relists, listed = "", 0, 0
     given, skip_to = "", ""   # the key of the last item given; after starting over, skip up to it
     while True:
-        query = [("limit", str(settings.audit_page_size)), ("labelSelector", f"{EXEMPT_LABEL}!=true")]
+        query = [("limit", str(settings.audit_page_size))]
         if token:
             query.append(("continue", token))
         status, page = await call_json(api_client, "GET", path, query=query)
@@ -70,8 +70,6 @@ async def list_objects(api_client: client.ApiClient, settings: ListingSettings, 
             given = key
             item.setdefault("apiVersion", resource.api_version)
             item.setdefault("kind", kind)
-            if (metadata.get("labels") or {}).get(EXEMPT_LABEL) == "true":   # the selector's job, unless ignored
-                continue
             namespace = str(metadata.get("namespace") or "") if target.namespaced else ""
             if never_judged(settings, target.group, target.resource, namespace, str(metadata.get("name"))):
                 continue

@@ -7,6 +7,7 @@ do); so the expansion lives here once and each of them reads it.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Collection, Iterable
 from typing import Protocol
 
@@ -15,7 +16,10 @@ from ..engine import CompiledPolicy
 from .discovery import DiscoveredResource
 
 DOMAIN = "policy-operator.dev"
-EXEMPT_LABEL = f"{DOMAIN}/exempt"
+# Break-glass: the webhooks skip a write of an object with this label only when the requester is an
+# identity the cluster admin named (``break_glass_condition``). The label alone exempts nothing:
+# anyone who may write an object may label it.
+BREAK_GLASS_LABEL = f"{DOMAIN}/exempt"
 
 # Resources the webhooks never see: routing them could deadlock the cluster (leases, webhook
 # configurations), flood the operator (events), is meaningless (review "virtual" resources), or
@@ -97,6 +101,37 @@ class Exemptions(Protocol):
 
     @property
     def exempt_namespaces(self) -> tuple[str, ...]: ...
+
+
+def break_glass_condition(users: Collection[str], groups: Collection[str]) -> dict[str, str] | None:
+    """The webhooks' ``matchCondition`` that holds back a break-glass write from them: the object
+    (the old one on DELETE) carries ``BREAK_GLASS_LABEL=true`` and the requester is one of ``users``
+    or in one of ``groups``. None when nobody is named: the label then exempts nothing.
+
+    The API server evaluates it, so the break-glass works with every replica down; an API server
+    that ignores matchConditions (older than 1.28) calls the webhook, which judges the write. It
+    never errs (an erring condition would answer by the webhook's failurePolicy): every field it
+    reads is tested with ``has`` first."""
+    who = []
+    if users:
+        who.append(f"(has(request.userInfo.username) && request.userInfo.username in {_cel_list(users)})")
+    if groups:
+        who.append(f"(has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {_cel_list(groups)}))")
+    if not who:
+        return None
+    key = json.dumps(BREAK_GLASS_LABEL)
+
+    def labelled(var: str) -> str:
+        return (f"{var} != null && has({var}.metadata) && has({var}.metadata.labels) && "
+                f"{key} in {var}.metadata.labels && {var}.metadata.labels[{key}] == 'true'")
+
+    return {"name": "not-break-glass", "expression": (
+        f"!(({' || '.join(who)}) && ({labelled('object')} || (object == null && {labelled('oldObject')})))")}
+
+
+def _cel_list(items: Collection[str]) -> str:
+    """A CEL list of string literals (JSON's string syntax is CEL's, escapes included)."""
+    return f"[{', '.join(json.dumps(item) for item in items)}]"
 
 
 def unserved_resources(routes: Iterable[RouteRule], discovered: Collection[DiscoveredResource]) -> list[str]:

@@ -130,8 +130,8 @@ async def mutate_exception(**_: Any) -> None:
     """Write who created (and who approved) an AdmissionPolicyException, from the request."""
     exchange = current_exchange()
     may_approve, _error = await _may_approve(operator(), exchange.request)   # an error: no approval written
-    exchange.decision = Decision(allowed=True, patch=exceptionreview.stamp(exchange.request, time.time(),
-                                                                           may_approve=may_approve))
+    stamped = exceptionreview.stamp(exchange.request, time.time(), may_approve=may_approve)
+    exchange.decision = Decision(allowed=True, patch=stamped.patch, warnings=stamped.warnings)
 
 
 @kopf.on.validate(api.GROUP, api.VERSION, policyexception.PLURAL, id="validate-exception",

@@ -6,8 +6,9 @@ Each policy is scanned every ``audit_interval`` seconds, and at once when its ge
 webhook rules expand them) page by page (``limit``/``continue``), so it holds one page of
 objects at a time, and judges each object with ``engine.background.audit_object`` — the very
 ``evaluate`` the webhooks call — on a background request (see that module for what the request
-holds). What admission never judges is skipped here too: the exempt namespaces, the operator's
-own, and objects labelled ``policy-operator.dev/exempt=true``.
+holds). What admission never judges is skipped here too: the exempt namespaces and the operator's
+own. Objects with the break-glass label are judged: the label says that a named identity wrote
+the object past the webhooks, and the reports are where such an object shows.
 
 The results go to the policy's ``status.audit`` (counts and the first violations), to the
 per-policy gauges, and to the openreports Reports (``reportwriter``), written after each round.

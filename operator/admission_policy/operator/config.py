@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from ..api import FailurePolicy
+from ..cluster.routing import BREAK_GLASS_LABEL
 
 Parser = Callable[[str, str], Any]   # (value, variable name) -> value; its ValueError names the variable
 
@@ -110,6 +111,9 @@ def _comma_list(pattern: re.Pattern[str], what: str) -> Parser:
 
 
 _namespace_list = _comma_list(_DNS_LABEL, "a valid namespace name")
+# Kubernetes user and group names are free text; a comma separates them here, and a control
+# character could only be a mistake.
+_identity_list = _comma_list(re.compile(r"^[^\x00-\x1f\x7f,]+$"), "a user or group name")
 _plugin_list = _comma_list(_DNS_SUBDOMAIN, "a plugin name")
 
 
@@ -178,6 +182,18 @@ class OperatorConfig:
         "AP_EXEMPT_NAMESPACES", _namespace_list, "Comma-separated namespaces never sent to the webhooks.",
         details="The operator's own namespace is always added; an empty value exempts no other.",
         empty_is_a_value=True))
+    # Break-glass (docs/operations.md, "Break-glass"): decided by the API server, so it works with
+    # every replica down, and only for identities the cluster admin names here.
+    break_glass_groups: tuple[str, ...] = dataclasses.field(default=("system:masters",), metadata=_setting(
+        "AP_BREAK_GLASS_GROUPS", _identity_list, f"Comma-separated groups whose writes of objects labelled "
+        f"`{BREAK_GLASS_LABEL}=true` no webhook judges.",
+        details="The webhooks' `matchConditions` skip such a write when the requester is in one of these groups "
+        "or is one of `AP_BREAK_GLASS_USERS`; anyone else's write is judged, label or not. An empty value names "
+        "no group.", empty_is_a_value=True))
+    break_glass_users: tuple[str, ...] = dataclasses.field(default=(), metadata=_setting(
+        "AP_BREAK_GLASS_USERS", _identity_list, "Comma-separated user names (ServiceAccounts as "
+        "`system:serviceaccount:NS:NAME`) with the same break-glass.",
+        details="The chart adds the operator's own ServiceAccount.", default_text="none"))
     default_failure_policy: FailurePolicy = dataclasses.field(default="Fail", metadata=_setting(
         "AP_DEFAULT_FAILURE_POLICY", _failure_policy, "failurePolicy of policies that set none: Fail or Ignore."))
     metrics_port: int = dataclasses.field(default=8080, metadata=_setting(
@@ -312,7 +328,8 @@ def markdown_table() -> str:
     """docs/configuration.md: every setting's variable, flag, default and meaning."""
     rows = [[f"`{s.env}`", f"`{s.flag}`", default_text(name), " ".join(filter(None, (s.help, s.details)))]
             for name, s in SETTINGS.items()]
-    empty_is_a_value = ", ".join(f"`{s.env}`" for s in SETTINGS.values() if s.empty_is_a_value)
+    empty = [f"`{s.env}`" for s in SETTINGS.values() if s.empty_is_a_value]
+    empty_is_a_value = f"{', '.join(empty[:-1])} and {empty[-1]}" if len(empty) > 1 else "".join(empty)
     return "\n".join([
         "# Configuration",
         "",
@@ -321,8 +338,8 @@ def markdown_table() -> str:
         "",
         "The operator reads its settings from environment variables (what the Helm chart sets), or from the",
         "flags of `admission-policy run`, which win over them. An empty variable means the default, except",
-        f"{empty_is_a_value} (see its meaning). `admission-policy audit --kubeconfig` reads them too, to skip",
-        "the namespaces the operator skips.",
+        f"{empty_is_a_value} (see {'their meanings' if len(empty) > 1 else 'its meaning'}). "
+        "`admission-policy audit --kubeconfig` reads them too, to skip the namespaces the operator skips.",
         "",
         "| variable | flag | default | meaning |",
         "| --- | --- | --- | --- |",

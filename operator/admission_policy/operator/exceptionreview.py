@@ -6,11 +6,14 @@ from a create or update of an object that has a status subresource (the operator
 record into status). So the record must be guarded where it is written:
 
 - the mutating phase (``stamp``) writes it from the request: the creator and the time on CREATE
-  (and keeps them as they were on UPDATE); the approver, the time and the generation approved,
-  in place of the ``APPROVE`` annotation, when the requester may approve;
+  (and keeps them as they were on UPDATE, with a warning when the request wrote others); who last
+  changed the spec; the approver, the time and the generation approved, in place of the
+  ``APPROVE`` annotation, when the requester may approve and is neither the creator nor who last
+  changed the spec (four eyes: "approval required" means a second person);
 - the validating phase (``refusal``) refuses any record the mutating phase did not write for this
-  very request: a record set by hand, an approval by someone who may not approve, an approval
-  that arrived with a change of the spec (a spec not seen by the approver).
+  very request: a record set by hand, an approval by someone who may not approve or by an author
+  of what is approved, an approval that arrived with a change of the spec (a spec not seen by the
+  approver) or with the creation (created approved: nobody else saw it).
 
 Approving is a permission of its own, never granted by creating or editing: the verb ``approve``
 on ``admissionpolicyexceptions/approval`` in the exception's namespace, which the operator asks
@@ -19,6 +22,7 @@ the caller answers that check only when ``wants_approval_check`` says the reques
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -32,6 +36,7 @@ from ..policyexception import (
     CREATED_AT,
     CREATED_BY,
     PLURAL,
+    SPEC_CHANGED_BY,
     format_time,
     parse_time,
 )
@@ -48,32 +53,50 @@ _UNSTAMPED: Final = ("the operator's mutating webhook did not record it (is the 
                      "MutatingWebhookConfiguration in place?)")
 
 
-def stamp(request: AdmissionRequest, now: float, *, may_approve: bool) -> tuple[Mapping[str, Any], ...]:
-    """The JSON patch that writes the record into the object the API server will store (none
-    when there is nothing to write). ``may_approve``: the requester's answer to ``approval_check``
-    (asked only when ``wants_approval_check``)."""
+@dataclasses.dataclass(frozen=True)
+class Stamp:
+    """What the mutating phase does to a write: the JSON patch that writes the record (none when
+    there is nothing to write), and a warning for each value of the record the request wrote and
+    the patch puts back (``kubectl`` prints them: the write is not refused, but nor is it kept)."""
+    patch: tuple[Mapping[str, Any], ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+def stamp(request: AdmissionRequest, now: float, *, may_approve: bool) -> Stamp:
+    """The record this request leaves in the object the API server will store. ``may_approve``:
+    the requester's answer to ``approval_check`` (asked only when ``wants_approval_check``)."""
     new, old = _annotations(request.object), _annotations(request.old_object)
-    wanted = dict(new)
+    user = _user(request)
+    record: dict[str, str | None]
     if request.operation == "CREATE":
-        wanted.update({CREATED_BY: _user(request), CREATED_AT: format_time(now)})
-    else:
-        for key in CREATION:   # kept as they were: a later writer is not the creator
-            _restore(wanted, old, key)
-    if APPROVE in new and may_approve and not _spec_changed(request):
+        record = {CREATED_BY: user, CREATED_AT: format_time(now), SPEC_CHANGED_BY: user}
+    else:   # kept as they were: a later writer is not the creator
+        record = {key: old.get(key) for key in CREATION}
+        record[SPEC_CHANGED_BY] = user if _spec_changed(request) else old.get(SPEC_CHANGED_BY)
+    wanted = dict(new)
+    warnings = []
+    for key, value in record.items():
+        if key in new and new[key] != value:
+            warnings.append(f"{key} is the operator's record and was not changed: it says "
+                            f"{value or 'nothing'!r}, not {new[key]!r}")
+        if value is None:
+            wanted.pop(key, None)
+        else:
+            wanted[key] = value
+    if APPROVE in new and may_approve and _may_record_approval(request):
         del wanted[APPROVE]
-        wanted.update({APPROVED_BY: _user(request), APPROVED_AT: format_time(now),
-                       APPROVED_GENERATION: str(_generation(request.old_object) if request.operation == "UPDATE"
-                                                else 1)})
+        wanted.update({APPROVED_BY: user, APPROVED_AT: format_time(now),
+                       APPROVED_GENERATION: str(_generation(request.old_object))})
     if wanted == new:
-        return ()
-    return ({"op": "add", "path": "/metadata/annotations", "value": wanted},)
+        return Stamp(warnings=tuple(warnings))
+    return Stamp(({"op": "add", "path": "/metadata/annotations", "value": wanted},), tuple(warnings))
 
 
 def wants_approval_check(request: AdmissionRequest) -> bool:
     """Whether the request asks to approve, or writes an approval record: only then is the
     requester's permission to approve asked of the API server."""
     new, old = _annotations(request.object), _annotations(request.old_object)
-    return APPROVE in new or _approval_written(new, old)
+    return request.operation == "UPDATE" and (APPROVE in new or _approval_written(new, old))
 
 
 def approval_check(request: AdmissionRequest) -> Check:
@@ -87,29 +110,57 @@ def refusal(request: AdmissionRequest, now: float, *, may_approve: bool) -> str:
     ("" when it was, or when the request leaves it as it was)."""
     new, old = _annotations(request.object), _annotations(request.old_object)
     user = _user(request)
+    if request.operation == "CREATE":
+        if APPROVE in new or any(new.get(key) for key in APPROVAL):
+            return (f"an exception is created unapproved, and approved afterwards by someone other than its "
+                    f"creator: create it without {APPROVE} or an approval record, then another approver runs "
+                    f"`{_approve_command(request)}`")
+        if (new.get(CREATED_BY) != user or new.get(SPEC_CHANGED_BY) != user
+                or not _recent(new.get(CREATED_AT), now)):
+            return (f"the creation record ({CREATED_BY}, {CREATED_AT}, {SPEC_CHANGED_BY}) does not name this "
+                    f"request: {_UNSTAMPED}")
+        return ""
     if APPROVE in new:
         if _spec_changed(request):
             return (f"approve in a request of its own: this one also changes the spec, which the approver "
                     f"has not seen (remove {APPROVE}, apply the change, then approve it)")
         if not may_approve:
             return _not_an_approver(request)
+        if not _may_record_approval(request):
+            return _self_approval(request)
         return f"the approval was not recorded: {_UNSTAMPED}"
-    if request.operation == "CREATE":
-        if new.get(CREATED_BY) != user or not _recent(new.get(CREATED_AT), now):
-            return f"the creation record ({CREATED_BY}, {CREATED_AT}) does not name this request: {_UNSTAMPED}"
-    elif any(new.get(key) != old.get(key) for key in CREATION):
+    if any(new.get(key) != old.get(key) for key in CREATION):
         return f"{CREATED_BY} and {CREATED_AT} record who created the exception, and cannot change"
+    if new.get(SPEC_CHANGED_BY) != (user if _spec_changed(request) else old.get(SPEC_CHANGED_BY)):
+        return f"{SPEC_CHANGED_BY} records who last changed the spec: {_UNSTAMPED}"
     if _approval_written(new, old):
-        expected = str(_generation(request.object) or 1)
-        recorded = (new.get(APPROVED_BY) == user and new.get(APPROVED_GENERATION) == expected
+        recorded = (new.get(APPROVED_BY) == user and new.get(APPROVED_GENERATION) == str(_generation(request.object))
                     and _recent(new.get(APPROVED_AT), now))
         if not may_approve:
             return _not_an_approver(request)
+        if not _may_record_approval(request):
+            return _self_approval(request)
         if not recorded:
             return (f"{', '.join(APPROVAL)} are recorded by the operator when someone allowed to approve sets "
-                    f"{APPROVE}=true (kubectl annotate ape {request.name} {APPROVE}=true); they cannot be written "
-                    "by hand")
+                    f"{APPROVE}=true ({_approve_command(request)}); they cannot be written by hand")
     return ""
+
+
+def _may_record_approval(request: AdmissionRequest) -> bool:
+    """An approval of what is stored, by someone other than who wrote it: its creator and whoever
+    last changed its spec (as recorded before this request)."""
+    old = _annotations(request.old_object)
+    return (request.operation == "UPDATE" and not _spec_changed(request)
+            and _user(request) not in {old.get(CREATED_BY), old.get(SPEC_CHANGED_BY)})
+
+
+def _self_approval(request: AdmissionRequest) -> str:
+    return (f"{_user(request)} created this exception or last changed its spec, and an approval counts only "
+            f"from someone else (four eyes): another approver runs `{_approve_command(request)}`")
+
+
+def _approve_command(request: AdmissionRequest) -> str:
+    return f"kubectl annotate ape -n {request.namespace} {request.name} {APPROVE}=true"
 
 
 def _not_an_approver(request: AdmissionRequest) -> str:
@@ -130,13 +181,6 @@ def _recent(value: str | None, now: float) -> bool:
         return value is not None and abs(parse_time(value, "") - now) <= CLOCK_SLACK
     except api.PolicyError:
         return False
-
-
-def _restore(wanted: dict[str, str], old: Mapping[str, str], key: str) -> None:
-    if key in old:
-        wanted[key] = old[key]
-    else:
-        wanted.pop(key, None)
 
 
 def _spec_changed(request: AdmissionRequest) -> bool:

@@ -5,7 +5,8 @@ itself, the policies and the clock (``engine.exceptions``), so it ends at its ``
 or not this status has caught up. The status says the same thing for `kubectl get ape`:
 
     Valid        the policies and rules it names exist and allow it (and its expiry is within their caps)
-    Approved     True when approved for this generation, or when no policy it names requires it
+    Approved     True when approved for this generation by someone other than who created it or last
+                 changed its spec, or when no policy it names requires approval
     Active       in force now; False with reason Expired, PendingApproval or Invalid
     state        the summary: Active | PendingApproval | Invalid | Expired
 
@@ -40,7 +41,7 @@ APPROVED: Final = "Approved"
 ACTIVE: Final = "Active"
 FOLLOW_INTERVAL: Final = 5.0
 # The record's fields, as status mirrors them (None removes one a merge patch wrote before).
-_RECORD_FIELDS: Final = ("createdBy", "createdAt", "approvedBy", "approvedAt", "approvedGeneration")
+_RECORD_FIELDS: Final = ("createdBy", "createdAt", "specChangedBy", "approvedBy", "approvedAt", "approvedGeneration")
 
 
 def judge(exception: PolicyException, policies: Iterable[api.AdmissionPolicy],
@@ -62,8 +63,9 @@ def judge(exception: PolicyException, policies: Iterable[api.AdmissionPolicy],
     elif approved.status != "True":
         state, active = "PendingApproval", Condition(ACTIVE, "False", "PendingApproval",
                                                      "not applied until approved")
-    else:
-        state, active = "Active", Condition(ACTIVE, "True", "Active", f"applied until {until}")
+    else:   # the event of the change to Active says this, so `kubectl describe ape` names the approver
+        by = f", approved by {exception.record.approved_by}" if approved.reason == "Approved" else ""
+        state, active = "Active", Condition(ACTIVE, "True", "Active", f"applied until {until}{by}")
     return state, (valid, approved, active)
 
 
@@ -75,8 +77,14 @@ def _approved(exception: PolicyException, requiring: list[str]) -> Condition:
         when = format_time(record.approved_at) if record.approved_at is not None else "an unrecorded time"
         return Condition(APPROVED, "True", "Approved", f"approved by {record.approved_by} at {when} "
                                                          f"for generation {exception.generation}")
-    how = (f"required by AdmissionPolicy {', '.join(requiring)}: someone allowed to approve runs "
+    authors = " or ".join(sorted(record.authors))
+    who = f"someone allowed to approve other than {authors}" if authors else "someone allowed to approve"
+    how = (f"required by AdmissionPolicy {', '.join(requiring)}: {who} runs "
            f"`kubectl annotate ape -n {exception.namespace} {exception.name} {APPROVE}=true`")
+    if record.self_approved:   # the webhook refuses it; an older operator did not
+        return Condition(APPROVED, "False", "SelfApproved", f"approved by {record.approved_by}, who created it "
+                                                            f"or last changed its spec; an approval by someone "
+                                                            f"else is {how}")
     if record.approved_by:
         return Condition(APPROVED, "False", "SpecChanged", f"approved by {record.approved_by} for generation "
                                                           f"{record.approved_generation}, not for generation "
@@ -107,6 +115,7 @@ def status_patch(old: Mapping[str, Any], exception: PolicyException | None, inva
         record.update({
             "createdBy": r.created_by or None,
             "createdAt": format_time(r.created_at) if r.created_at is not None else None,
+            "specChangedBy": r.spec_changed_by or None,
         })
         if exception.approved:   # the APPROVED column shows an approval that counts
             record.update({"approvedBy": r.approved_by,

@@ -22,7 +22,7 @@ from kubernetes_asyncio import client
 from .. import features, plugins
 from ..cluster.client import new_api_client
 from ..cluster.discovery import Discovery
-from ..cluster.routing import EXEMPT_LABEL
+from ..cluster.routing import BREAK_GLASS_LABEL
 from . import audit, certificates, exceptionstatus, metrics, reconcile, registration, state, watcher
 from .config import OperatorConfig
 from .events import PolicyEvents
@@ -216,10 +216,17 @@ def _log_what_stays(op: Operator) -> None:
     logger.log(logging.WARNING if failing else logging.INFO,
                "Stopping. The webhook configurations %s stay in place for the other replicas; while none runs, "
                "the requests they route fail closed for %d failurePolicy Fail policies%s and AdmissionPolicy "
-               "writes are refused (never in namespaces %s, nor for objects labelled %s=true). "
+               "writes are refused (never in namespaces %s; break-glass: %s). "
                "If the operator is not coming back: admission-policy cleanup-webhooks --name %s",
                name, len(failing), f" ({', '.join(failing[:5])}{', …' if len(failing) > 5 else ''})" if failing
-               else "", exempt, EXEMPT_LABEL, name)
+               else "", exempt, _break_glass(op.config), name)
+
+
+def _break_glass(config: OperatorConfig) -> str:
+    named = [*(f"group {g}" for g in config.break_glass_groups), *config.break_glass_users]
+    if not named:
+        return "none, AP_BREAK_GLASS_GROUPS and AP_BREAK_GLASS_USERS name nobody"
+    return f"objects labelled {BREAK_GLASS_LABEL}=true written by {', '.join(named)}"
 
 
 # --- start-up checks -------------------------------------------------------------------------------------------

@@ -19,10 +19,10 @@ from ..cluster.discovery import DiscoveredResource
 from ..cluster.routing import (
     CRDS,
     DOMAIN,
-    EXEMPT_LABEL,
     OWN_CRDS,
     RouteRule,
     ServedIndex,
+    break_glass_condition,
     expand,
     plural,
 )
@@ -148,8 +148,8 @@ def _own_webhook(settings: OperatorConfig, ca_bundle: str, name: str, path: str,
     """A fixed entry for one of the operator's own kinds, CREATE/UPDATE only, so deleting one never
     depends on the operator being up. No namespaceSelector: an AdmissionPolicy is cluster-scoped,
     the operator's own namespace holds the exceptions for cluster-scoped objects, and a tenant
-    policy in an exempt namespace must be refused, not let through. No objectSelector either: the
-    exempt label must not smuggle in a policy whose CEL does not compile, nor an approval."""
+    policy in an exempt namespace must be refused, not let through. No break-glass either: nothing
+    may smuggle in a policy whose CEL does not compile, nor an approval."""
     return {
         "name": name,
         "admissionReviewVersions": ["v1"],
@@ -217,13 +217,14 @@ def _entries(settings: OperatorConfig, ca_bundle: str, kind: str, namespace: str
     prefix = f"{namespace}.tenant." if namespace else ""
     namespaces = ({"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": [namespace]} if namespace else
                   {"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": sorted(settings.all_exempt_namespaces)})
+    break_glass = break_glass_condition(settings.break_glass_users, settings.break_glass_groups)
     webhooks = []
     for policy, atoms in (("Fail", fail), ("Ignore", ignore)):
         objects, connects = _split_connect(atoms)
-        # A CONNECT's object is its options (PodExecOptions...), which have no labels: an
-        # objectSelector never matches them, so CONNECT rules get an entry without one.
-        for name, part, object_selector in ((f"{prefix}{policy.lower()}.{kind}.{DOMAIN}", objects, True),
-                                            (f"{prefix}{policy.lower()}.connect.{kind}.{DOMAIN}", connects, False)):
+        # A CONNECT's object is its options (PodExecOptions...), which carry no labels: CONNECT
+        # rules get entries of their own, without the break-glass (it could never hold).
+        for name, part, connect in ((f"{prefix}{policy.lower()}.{kind}.{DOMAIN}", objects, False),
+                                    (f"{prefix}{policy.lower()}.connect.{kind}.{DOMAIN}", connects, True)):
             if not part:
                 continue
             webhook: dict[str, Any] = {
@@ -239,11 +240,13 @@ def _entries(settings: OperatorConfig, ca_bundle: str, kind: str, namespace: str
                 "sideEffects": "None",
                 "timeoutSeconds": settings.webhook_timeout,
             }
-            if object_selector:
-                webhook["objectSelector"] = {
-                    "matchExpressions": [{"key": EXEMPT_LABEL, "operator": "NotIn", "values": ["true"]}]}
+            # No objectSelector: labels are the writer's own, so none may keep a write from the
+            # policies; the break-glass label counts only for the identities the admin named.
+            conditions = [] if connect or break_glass is None else [dict(break_glass)]
             if any((group, plural(resource)) == CRDS for group, _, resource in part):
-                webhook["matchConditions"] = [dict(NOT_OWN_CRD)]
+                conditions.append(dict(NOT_OWN_CRD))
+            if conditions:
+                webhook["matchConditions"] = conditions
             if kind == "mutate":
                 webhook["reinvocationPolicy"] = "IfNeeded"
             webhooks.append(webhook)

@@ -42,8 +42,8 @@ def audit_command(policy_paths: Sequence[str], kubeconfig: str | None, output: s
     \b
     Objects: PATHs (files, directories, - for standard input; multi-document YAML and List
     kinds), or with --kubeconfig every object the policies' rules name in that cluster
-    (paged lists; exempt namespaces and objects labelled policy-operator.dev/exempt=true are
-    skipped, as the operator skips them; AP_EXEMPT_NAMESPACES and AP_NAMESPACE are read).
+    (paged lists; exempt namespaces are skipped, as the operator skips them;
+    AP_EXEMPT_NAMESPACES and AP_NAMESPACE are read).
     A NamespacedAdmissionPolicy judges the objects of its own namespace only; what only such
     policies name is listed in their namespaces, so a namespace's admin may audit them.
     Each object is evaluated as a background request: request.operation CREATE, no
