@@ -676,9 +676,9 @@ class Stage:
         metadata = {"name": name, "labels": {OWNED_LABEL: "true"}}
         rules = [
             {"apiGroups": [""], "resources": ["pods", "pods/ephemeralcontainers", "nodes", "nodes/status", "secrets"],
-             "verbs": ["get", "update", "patch", "delete"]},
+             "verbs": ["get", "create", "update", "patch", "delete"]},
             {"apiGroups": ["apps"], "resources": ["deployments", "deployments/scale", "statefulsets", "daemonsets"],
-             "verbs": ["get", "update", "patch", "delete"]},
+             "verbs": ["get", "create", "update", "patch", "delete"]},
         ]
         for cls, body in (
             (pykube.ClusterRole, {"metadata": metadata, "rules": rules}),

@@ -127,6 +127,7 @@ class Decision:
     evaluations: int = 0              # CEL programs run for this request
     plugin_calls: tuple[PluginCall, ...] = ()
     unanswered: tuple[Check, ...] = ()   # not a decision: these authorizer checks need answers (evaluate)
+    forks: bool = False   # not a decision: a policy must run in a child process, and may_fork was False
     exempted: tuple[Exemption, ...] = ()   # what exceptions waived (``engine.exceptions``)
 
 
@@ -143,6 +144,7 @@ def evaluate(
     authorization: Authorization | None = None,
     exceptions: ExceptionSet | None = None,
     now: float | None = None,
+    may_fork: bool = True,
 ) -> Decision:
     """Decide one admission request. Never raises for anything a request or policy contains.
 
@@ -165,12 +167,18 @@ def evaluate(
     ``exceptions``: the AdmissionPolicyExceptions to apply (``engine.exceptions``); a policy's
     failures and mutations that one in force covers are waived, and ``exempted`` says by which.
     ``now``: seconds since the epoch that expiry is judged at (the real time by default).
+
+    ``may_fork``: whether a policy too costly on this request to run here may run in a child
+    process (``celfork``), which this thread then waits for. The event loop must not wait, so the
+    webhook passes False: the result is then no decision but ``forks``, as soon as a policy needs
+    a child, and the webhook evaluates again with True on a thread of its own.
     """
     try:
         candidates = policies.candidates(request)
         if not candidates:
             return Decision(allowed=True, patched_object=request.object)
         run = _Run(request, namespace_object, deadline, clock, inputs, namespace_error)
+        run.may_fork = may_fork
         if exceptions:   # none: nothing below costs a thing
             run.exceptions, run.now = exceptions, time.time() if now is None else now
         with answering(authorization) as asking:
@@ -187,6 +195,9 @@ def evaluate(
                                     + "; ".join(check.describe() for check in unanswered),
                             unanswered=unanswered)
         return run.decision()
+    except _Forks:
+        return Decision(allowed=False, code=500, reason="InternalError", patched_object=request.object, forks=True,
+                        message="a policy must be evaluated in a child process, which this caller does not allow")
     except Exception as exc:   # a defect of ours; still an answer, never a 500
         return Decision(allowed=False, code=500, reason="InternalError",
                         message=f"the admission policy engine failed: {type(exc).__name__}: {exc}",
@@ -195,6 +206,11 @@ def evaluate(
 
 class _Abort(Exception):
     """Stop evaluating a policy (deadline, cost budget, unreadable object): its failurePolicy decides."""
+
+
+class _Forks(Exception):
+    """Stop evaluating the request: a policy must run in a child process, and the caller may not
+    wait for one (``may_fork``)."""
 
 
 @dataclasses.dataclass
@@ -234,6 +250,7 @@ class _Run:
         self._bounds: dict[bool, celcost.Sizes | str] = {}   # see sizes()
         self._templates_changed: dict[tuple[str, ...], tuple[Any, bool]] = {}   # see _template_changed()
         self.plugin_calls: list[PluginCall] = []
+        self.may_fork = True   # see evaluate()
         # AdmissionPolicyExceptions (see evaluate): which cover each policy, on which object.
         self.exceptions: ExceptionSet | None = None
         self.now = 0.0
@@ -251,6 +268,8 @@ class _Run:
                 self._with_inputs(policy, action)
         except (_Abort, InputsError) as stop:
             self.abort(policy, str(stop))
+        except _Forks:
+            raise
         except Exception as exc:   # never escapes evaluate(): the policy's failurePolicy decides
             self.abort(policy, f"internal error: {type(exc).__name__}: {exc}")
         finally:
@@ -334,7 +353,11 @@ class _Run:
             return False
         exact = self.sizes(exact=True)
         assert not isinstance(exact, str)
-        return policy.cost(exact) > POLICY_BUDGET and celfork.AVAILABLE
+        if policy.cost(exact) <= POLICY_BUDGET or not celfork.AVAILABLE:
+            return False
+        if not self.may_fork:
+            raise _Forks()
+        return True
 
     def sizes(self, exact: bool) -> celcost.Sizes | str:
         """Bounds of what the policies read: the largest bound object's size and, with ``exact``,
