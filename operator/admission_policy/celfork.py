@@ -8,6 +8,16 @@ estimate is an upper bound, often far above what the evaluation really does) in 
 process: ``fork()`` shares the compiled program and the bound object copy-on-write, the child
 gets an address-space limit and is the kernel's first choice of an OOM victim, and the parent
 kills it at the deadline. The answer is then the real one, never a refusal for the object's size.
+
+The operator forks from a thread (``operator/apart.py``: the event loop must not wait) of a
+process with other threads (plugin workers, asyncio's). That is safe for what the child does: it
+evaluates one CEL expression, pickles the result and exits. The forking thread holds the GIL and
+the CEL core never releases it, so no other thread is inside CEL or Python code at that moment;
+glibc keeps malloc consistent across a fork; the child calls no plugin (plugins run in the
+parent), does no I/O but its pipe, and takes no lock another thread may hold. Python 3.12 warns
+at every fork of a process with threads; that warning is silenced here, for this module only.
+A child that hung all the same would be killed at the deadline: an evaluation error, never a
+stalled replica.
 """
 from __future__ import annotations
 
@@ -18,6 +28,7 @@ import resource
 import select
 import signal
 import time
+import warnings
 from typing import Any, Final
 
 from .cel import CelEvaluationError, CompiledExpression
@@ -26,6 +37,8 @@ from .cel import CelEvaluationError, CompiledExpression
 MEMORY: Final = 256 * 2**20
 AVAILABLE: Final = hasattr(os, "fork")
 _OK, _ERROR = 0, 1
+warnings.filterwarnings("ignore", message=r".*multi-threaded, use of fork\(\) may lead to deadlocks",
+                        category=DeprecationWarning, module=__name__)
 
 
 def evaluate(expression: CompiledExpression, activation: Any, seconds: float, *, plain: bool = True) -> Any:

@@ -23,7 +23,7 @@ from outages import Outage, refuse, stalled
 from admission_policy.cluster import watch as cluster_watch
 from admission_policy.cluster.client import new_api_client
 from admission_policy.operator import watcher
-from admission_policy.operator.store import FINALIZER, PolicyStore
+from admission_policy.operator.store import FINALIZER, ExceptionStore, PolicyStore
 from builders import policy_body
 
 
@@ -115,30 +115,56 @@ async def test_a_stalled_policy_watch_counts_as_down_until_listed_again(
 
 
 TENANT_POLICIES = "policy-operator.dev/v1alpha1/namespacedadmissionpolicies"
+EXCEPTIONS = "policy-operator.dev/v1alpha1/admissionpolicyexceptions"
 
 
-async def test_tenant_policies_not_served_do_not_hold_readiness_and_are_watched_once_served(
-        emulator: Emulator, caplog: pytest.LogCaptureFixture) -> None:
-    """An operator upgraded before its new CRD is applied: the 404 says there is nothing to wait
-    for (readiness would otherwise wait for ever, and no replica serve); the watch keeps trying,
-    and the tenants' policies are enforced once the CRD is in, beside the cluster's."""
+def tenant_policy() -> dict[str, Any]:
+    tenant = {**enforced_policy("p", "object.metadata.name != 'worse'"), "kind": "NamespacedAdmissionPolicy"}
+    tenant["metadata"]["namespace"] = "team-a"
+    return tenant
+
+
+def exception() -> dict[str, Any]:
+    return {"apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicyException",
+            "metadata": {"name": "p", "namespace": "team-a"},
+            "spec": {"policies": [{"name": "cluster-wide"}], "reason": "r", "expiresAt": "2099-01-01T00:00:00Z"}}
+
+
+@pytest.mark.parametrize("kind", ["NamespacedAdmissionPolicies", "AdmissionPolicyExceptions"])
+async def test_a_resource_whose_crd_is_missing_is_none_said_once_and_watched_once_served(
+        emulator: Emulator, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """The quick start, or an operator upgraded before its new CRDs are applied: the 404 says there
+    is nothing to wait for (readiness would otherwise wait for ever, and no replica serve). It is
+    said once, not at every retry, and is not an outage (``unsynced``, which /readyz reports);
+    the resource is looked for again, and what it holds applies once its CRD is in."""
+    monkeypatch.setattr(cluster_watch, "ABSENT_RECHECK", 0.2)
+    path, body = (TENANT_POLICIES, tenant_policy()) if kind.startswith("Namespaced") else (EXCEPTIONS, exception())
     not_served = Outage(refuse(404, "NotFound"))
-    emulator.kmock[kmock.action.LIST, kmock.resource(TENANT_POLICIES)] << not_served
-    store = PolicyStore()
+    emulator.kmock[kmock.action.LIST, kmock.resource(path)] << not_served
+    store, exceptions = PolicyStore(), ExceptionStore("admission-policy-system")
     store.observe(enforced_policy("cluster-wide", "object.metadata.name != 'bad'"))
-    caplog.set_level(logging.WARNING, logger=watcher.__name__)
+    caplog.set_level(logging.INFO, logger=cluster_watch.__name__)
     api_client = await new_api_client()
-    task = asyncio.create_task(watcher.watch_tenant_policies(api_client, store))
+    task = asyncio.create_task(watcher.watch_tenant_policies(api_client, store) if path == TENANT_POLICIES else
+                               watcher.watch_exceptions(api_client, exceptions, store.unsynced))
+    loaded = store.tenant_policies_loaded if path == TENANT_POLICIES else exceptions.loaded
     try:
-        await asyncio.wait_for(store.tenant_policies_loaded.wait(), 10)
-        assert any("NamespacedAdmissionPolicies are not served" in r.getMessage() for r in caplog.records)
+        await asyncio.wait_for(loaded.wait(), 10)
+        await asyncio.sleep(1.0)   # several looks meanwhile
+        said = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        crd = "namespacedadmissionpolicy" if path == TENANT_POLICIES else "admissionpolicyexception"
+        assert [r.getMessage() for r in said] == [f"{kind} are not served (is crds/{crd}.yaml applied?): none "
+                                                  "applies until they are; looking again every 0s"], said
+        assert not store.unsynced
         not_served.on = False
-        tenant = {**enforced_policy("p", "object.metadata.name != 'worse'"), "kind": "NamespacedAdmissionPolicy"}
-        tenant["metadata"]["namespace"] = "team-a"
-        await emulator.create(TENANT_POLICIES, tenant)
-        await wait_for(lambda: "team-a/p" in store.generations, timeout=10)
+        await emulator.create(path, body, namespace="team-a")
+        if path == TENANT_POLICIES:
+            await wait_for(lambda: "team-a/p" in store.generations, timeout=10)
+            assert sorted(p.name for p in store.policies) == ["cluster-wide", "team-a/p"]
+        else:
+            await wait_for(lambda: "team-a/p" in exceptions.seen, timeout=10)
+        assert any(r.getMessage() == f"{kind} are served now: watching them" for r in caplog.records)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await api_client.close()
-    assert sorted(p.name for p in store.policies) == ["cluster-wide", "team-a/p"]

@@ -21,6 +21,7 @@ from admission_policy.engine import (
     decode_review,
     evaluate,
 )
+from admission_policy.engine.background import FAIL, Forks, audit_object
 from admission_policy.engine.request import MAX_JSON_DEPTH
 from admission_policy.operator.config import OperatorConfig
 from builders import POD_RULE, decide, namespace_object, pod, policy, request
@@ -951,3 +952,19 @@ def test_an_earlier_policy_sees_what_a_later_one_added_as_the_api_server_reinvok
     assert [(c["name"], c.get("resources")) for c in containers] == [
         ("c", {"requests": {"cpu": "100m"}}), ("shipper", {"requests": {"cpu": "100m"}})]
     assert [o.policy for o in decision.outcomes if o.mutated] == ["a-defaults", "b-sidecar"]
+
+
+def test_a_caller_that_may_not_wait_for_a_child_gets_no_decision_but_forks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The webhook evaluates on the event loop with may_fork=False: a policy that must run in a
+    child process stops the evaluation (forks) rather than the loop, and the webhook evaluates again on a
+    thread (operator/apart.py). A policy within its budget is decided as usual."""
+    p = policy(validations=[{"expression": "object.metadata.name != 'bad'"}])
+    cheap = evaluate(PolicySet([p]), request(pod("bad")), may_fork=False)
+    assert not cheap.forks and not cheap.allowed
+    monkeypatch.setattr("admission_policy.engine.evaluation.POLICY_BUDGET", -1)   # every policy over it
+    costly = evaluate(PolicySet([p]), request(pod("bad")), may_fork=False)
+    assert costly.forks and costly.outcomes == ()
+    assert not evaluate(PolicySet([p]), request(pod("bad"))).forks
+    with pytest.raises(Forks):
+        audit_object(PolicySet([p]), request(pod("bad")), may_fork=False)
+    assert audit_object(PolicySet([p]), request(pod("bad")))[0].result == FAIL

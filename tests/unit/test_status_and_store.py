@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import logging
 from typing import Any
 
 import pytest
@@ -127,9 +128,10 @@ def test_each_listing_forgets_only_policies_of_its_own_kind() -> None:
     assert [p.name for p in store.policies] == ["b"]
 
 
-def test_a_tenant_policy_is_stored_under_its_namespace() -> None:
+def test_a_tenant_policy_is_stored_under_its_namespace(caplog: pytest.LogCaptureFixture) -> None:
     """A NamespacedAdmissionPolicy may share its name with a cluster policy, or with one in another
-    namespace: each is its own policy, deleted on its own."""
+    namespace: each is its own policy, deleted on its own, and logged with its kind."""
+    caplog.set_level(logging.INFO)
     store = PolicyStore()
     for namespace in ("", "team-a", "team-b"):
         store.observe(body("p", 1, namespace=namespace))
@@ -137,6 +139,10 @@ def test_a_tenant_policy_is_stored_under_its_namespace() -> None:
     assert store.uids["team-a/p"] == "uid-p" and store.policies.get("team-a/p") is not None
     store.observe(body("p", 1, namespace="team-a", deleting=True))
     assert sorted(p.name for p in store.policies) == ["p", "team-b/p"]
+    said = [r.getMessage() for r in caplog.records]
+    assert "AdmissionPolicy p: generation 1 loaded" in said
+    assert "NamespacedAdmissionPolicy team-a/p: generation 1 loaded" in said
+    assert any(m.startswith("NamespacedAdmissionPolicy team-a/p: no longer enforced") for m in said), said
 
 
 def test_a_tenant_policy_calling_a_plugin_not_allowed_is_rejected_by_the_store() -> None:

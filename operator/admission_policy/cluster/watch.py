@@ -32,6 +32,7 @@ async def watch_objects(
 
 
 WATCH_SECONDS = 300   # each watch request's timeoutSeconds; the next one resumes where it ended
+ABSENT_RECHECK = 30.0   # how often a resource whose CRD is not installed is looked for again
 # Without a read timeout kubernetes_asyncio waits on a half-open connection for ever (an unlimited
 # aiohttp ClientTimeout), and the last state seen keeps being served as current. The API server ends a
 # healthy watch after WATCH_SECONDS; every event or bookmark restarts the count (a socket read timeout).
@@ -63,6 +64,7 @@ async def list_and_watch(
     unsynced: dict[str, float] | None = None,
     *,
     on_error: Callable[[str], None] | None = None,
+    crd: str = "",
 ) -> None:
     """List, then watch from the last resourceVersion seen, as client-go's reflector does: a watch
     that times out is resumed, and only an error (410 Gone: too old) or a failure lists again.
@@ -70,10 +72,17 @@ async def list_and_watch(
     A connection silent past ``read_timeout`` (stalled) is a failure too.
 
     ``unsynced`` holds ``what`` → since when (monotonic) while the watch has failed and not listed
-    again: what keeps being served meanwhile is the last state seen (readiness says so)."""
+    again: what keeps being served meanwhile is the last state seen (readiness says so).
+
+    ``crd``: the file of the CRD that serves an optional resource (a cluster may run without
+    tenant policies or exceptions, or a chart be upgraded without their CRDs, which Helm never
+    upgrades). A listing that answers 404 then means "none": it is said once, at WARNING, the
+    resource counts as loaded and in sync, and it is looked for again every ABSENT_RECHECK
+    seconds, quietly, until its CRD is applied."""
     unsynced = {} if unsynced is None else unsynced
     backoff = 1.0
     version: str | None = None
+    absent = False
     while True:
         listed = version is None
         try:
@@ -81,6 +90,9 @@ async def list_and_watch(
                 version = await _list(lister, on_event, on_listed)
                 loaded.set()
                 backoff = 1.0   # back: the next failure is a new outage, retried promptly
+                if absent:
+                    absent = False
+                    logger.info("%s are served now: watching them", what)
                 if (since := unsynced.pop(what, None)) is not None:
                     logger.info("Watching %s again: listed after %.1fs without a watch", what, time.monotonic() - since)
             stream = watch.Watch()
@@ -103,6 +115,16 @@ async def list_and_watch(
                 # Gone (an ERROR event, raised by the client): too old to resume; list now.
                 logger.info("Watching %s: resourceVersion %s is too old to resume (410 Gone); listing again",
                             what, resumed_from)
+                continue
+            if crd and listed and isinstance(exc, client.ApiException) and exc.status == 404:
+                if not absent:
+                    logger.warning("%s are not served (is %s applied?): none applies until they are; "
+                                   "looking again every %.0fs", what, crd, ABSENT_RECHECK)
+                absent = True
+                on_listed(set())   # none: what was seen before the CRD went is gone with it
+                loaded.set()
+                unsynced.pop(what, None)
+                await asyncio.sleep(ABSENT_RECHECK)
                 continue
             unsynced.setdefault(what, time.monotonic())
             if on_error is not None:

@@ -106,9 +106,15 @@ def background_request(body: Mapping[str, Any], resource: Resource) -> Admission
                             namespace=namespace, name=name, object=body, old_object=None, dry_run=True, raw=raw)
 
 
+class Forks(Exception):
+    """A policy must run in a child process on this object, and the caller may not wait for one
+    where it is (``may_fork``): call again where it may."""
+
+
 def audit_object(policies: PolicySet, request: AdmissionRequest, namespace_object: Mapping[str, Any] | None = None,
                  inputs: Inputs | None = None, authorization: Authorization | None = None,
-                 exceptions: ExceptionSet | None = None, now: float | None = None) -> tuple[AuditResult, ...]:
+                 exceptions: ExceptionSet | None = None, now: float | None = None,
+                 may_fork: bool = True) -> tuple[AuditResult, ...]:
     """Every matching policy's result for one existing object, in name order.
 
     Two calls of ``evaluate``: the validating phase on the object as stored, and the mutating
@@ -116,12 +122,15 @@ def audit_object(policies: PolicySet, request: AdmissionRequest, namespace_objec
     object (selectors, excluded namespaces, match conditions) has no result. ``inputs``: the
     params and context, as at admission (``engine.inputs``). ``authorization``: answers to the
     policies' authorizer checks (none: each check is an evaluation error, nobody is asking);
-    Unanswered when it has no answer to one. ``exceptions`` and ``now``: as ``evaluate`` takes them.
+    Unanswered when it has no answer to one. ``exceptions``, ``now`` and ``may_fork``: as
+    ``evaluate`` takes them; Forks when a policy must run in a child and ``may_fork`` is False.
     """
     validated = evaluate(policies, request, namespace_object, Phase.VALIDATE, inputs=inputs,
-                         authorization=authorization, exceptions=exceptions, now=now)
+                         authorization=authorization, exceptions=exceptions, now=now, may_fork=may_fork)
     mutated = evaluate(policies, request, namespace_object, Phase.MUTATE, inputs=inputs, authorization=authorization,
-                       exceptions=exceptions, now=now)
+                       exceptions=exceptions, now=now, may_fork=may_fork)
+    if validated.forks or mutated.forks:
+        raise Forks()
     if validated.unanswered or mutated.unanswered:
         raise Unanswered(dict.fromkeys(validated.unanswered + mutated.unanswered))
     if not validated.outcomes and validated.code == 500:   # the engine failed: say so, never a silent pass

@@ -15,6 +15,7 @@ import kopf
 from kubernetes_asyncio import client
 
 from .. import api, policyexception
+from ..authorization import Authorization
 from ..cluster.client import call_json, message_of, resource_path
 from ..cluster.discovery import DiscoveredResource
 from ..cluster.routing import never_judged
@@ -22,6 +23,7 @@ from ..engine import Decision, Phase, PolicyCompileError, evaluate
 from ..engine.exceptions import compile_exception
 from ..engine.request import AdmissionRequest
 from . import authorizer, exceptionreview, metrics
+from .apart import run_apart
 from .state import Operator, operator
 from .store import error_text, load_policy
 from .tenancy import tenant_problems
@@ -58,10 +60,18 @@ async def _decide(phase: Phase, webhook: str) -> None:
             namespace, namespace_error = await _fetch_namespace(op, request.namespace, deadline)
     started = time.perf_counter()
     policies, exceptions = op.store.policies, op.exceptions.current
-    decision = await authorizer.decide(   # the policies' authorizer checks, by SubjectAccessReviews
-        lambda answers: evaluate(policies, request, namespace, phase, deadline=deadline, inputs=op.sources,
-                                 namespace_error=namespace_error, authorization=answers, exceptions=exceptions),
-        authorizer.reviewer(op.api_client, deadline))
+
+    def judge(answers: Authorization, may_fork: bool) -> Decision:
+        return evaluate(policies, request, namespace, phase, deadline=deadline, inputs=op.sources,
+                        namespace_error=namespace_error, authorization=answers, exceptions=exceptions,
+                        may_fork=may_fork)
+
+    async def judged(answers: Authorization) -> Decision:
+        decision = judge(answers, False)   # on the loop: what nearly every request needs
+        return await run_apart(judge, answers, True) if decision.forks else decision
+
+    # The policies' authorizer checks are answered by SubjectAccessReviews.
+    decision = await authorizer.decide(judged, authorizer.reviewer(op.api_client, deadline))
     metrics.observe(decision, request.operation, webhook, time.perf_counter() - started)
     exchange.decision = decision
     op.decisions.record(request, decision, webhook)

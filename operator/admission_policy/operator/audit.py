@@ -37,12 +37,14 @@ from ..engine.background import (
     FAIL,
     WARN,
     AuditResult,
+    Forks,
     audit_object,
     audits,
     background_request,
     user_info_reads,
 )
 from . import handoff, metrics
+from .apart import run_apart
 from .config import OperatorConfig
 from .reportwriter import ReportBook
 from .store import PolicyStore, policy_path
@@ -285,8 +287,14 @@ class Auditor:
                     tally["scanned"] += 1
                     ref = reports.ObjectRef.of(item, resource.api_version, resource.kind, resource.namespaced)
                     namespace = self.store.namespaces.get(ref.namespace) if ref.namespace else None
-                    for result in audit_object(single, background_request(item, resource), namespace,
-                                               self.inputs, exceptions=exceptions):
+                    request = background_request(item, resource)
+                    try:
+                        judged = audit_object(single, request, namespace, self.inputs, exceptions=exceptions,
+                                              may_fork=False)
+                    except Forks:   # the child is waited for on a thread: admission shares the loop
+                        judged = await run_apart(audit_object, single, request, namespace, self.inputs,
+                                                 exceptions=exceptions)
+                    for result in judged:
                         tally[result.result] += 1
                         tally["wouldMutate"] += result.would_mutate
                         for entry in reports.entries(result, ref, now):

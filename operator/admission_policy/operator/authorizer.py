@@ -36,7 +36,7 @@ MAX_ROUNDS: Final = 4
 # 10,000,000); beyond this many, a check is an authorizer error rather than one more API call.
 MAX_REVIEWS: Final = 64
 
-Evaluate = Callable[[Authorization], Decision]
+Evaluate = Callable[[Authorization], Awaitable[Decision]]
 Answerer = Callable[[Sequence[Check]], Awaitable[Mapping[Check, Answer]]]
 
 
@@ -48,13 +48,13 @@ async def decide(evaluate: Evaluate, answer: Answerer) -> Decision:
     authorizer error."""
     known: dict[Check, Answer] = {}
     for _ in range(MAX_ROUNDS):
-        decision = evaluate(Answers(known))
+        decision = await evaluate(Answers(known))
         if not decision.unanswered:
             return decision
         known.update(await answer(decision.unanswered))
     late = Answer(False, error=f"authorization check not made: the policies asked for checks in more than "
                                f"{MAX_ROUNDS} rounds, each depending on the answers of the one before")
-    return evaluate(Answers(known, otherwise=late))
+    return await evaluate(Answers(known, otherwise=late))
 
 
 def reviewer(api: client.ApiClient, deadline: float) -> Answerer:

@@ -146,10 +146,12 @@ class SourceCache:
             return Listing(problem=problem)
         snapshot = self._snapshots.get(namespace)
         if snapshot is None:
+            # Each dict copied in one step (a C call, under the GIL): an evaluation on a thread
+            # (operator/apart.py) never iterates a dict that a watch event changes meanwhile.
             if namespace is None:
-                snapshot = tuple(body for names in self.objects.values() for body in names.values())
+                snapshot = tuple(body for names in self.objects.copy().values() for body in names.copy().values())
             else:
-                snapshot = tuple(self.objects.get(namespace, {}).values())
+                snapshot = tuple(self.objects.get(namespace, {}).copy().values())
             self._snapshots[namespace] = snapshot
         return Listing(snapshot)
 

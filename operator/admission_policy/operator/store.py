@@ -137,7 +137,7 @@ class PolicyStore:
         self._changed_policies()
         self.generations[name] = generation
         self.uids[name] = str(metadata.get("uid", ""))
-        logger.info("AdmissionPolicy %s: generation %d loaded", name, generation)
+        logger.info("%s %s: generation %d loaded", api.kind_of(name), name, generation)
         self.changed.set()
 
     def apply(self, kind: str, body: Mapping[str, Any]) -> None:
@@ -155,7 +155,7 @@ class PolicyStore:
             self._changed_policies()
             del self.generations[name]
             self.uids.pop(name, None)
-            logger.info("AdmissionPolicy %s: no longer enforced: %s", name, why)
+            logger.info("%s %s: no longer enforced: %s", api.kind_of(name), name, why)
             self.changed.set()
 
     def _changed_policies(self) -> None:

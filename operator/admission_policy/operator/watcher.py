@@ -29,30 +29,23 @@ async def watch_policies(api_client: client.ApiClient, store: PolicyStore) -> No
 
 async def watch_tenant_policies(api_client: client.ApiClient, store: PolicyStore) -> None:
     """NamespacedAdmissionPolicies, into the same store under "namespace/name". Readiness waits for
-    their first listing too, unless the cluster does not serve them (their CRD not installed: a
-    chart upgraded without it), which is known once a listing answers 404."""
+    their first listing too, unless the cluster does not serve them (their CRD not installed)."""
     objects = client.CustomObjectsApi(api_client)
-
-    def on_error(problem: str) -> None:
-        if problem.startswith("404") and not store.tenant_policies_loaded.is_set():
-            logger.warning("NamespacedAdmissionPolicies are not served (is crds/namespacedadmissionpolicy.yaml "
-                           "applied?): none is enforced until they are")
-            store.tenant_policies_loaded.set()
-
     await list_and_watch(
         "NamespacedAdmissionPolicies",
         lambda **kw: objects.list_cluster_custom_object(api.GROUP, api.VERSION, api.NAMESPACED_PLURAL, **kw),
         store.apply, lambda names: store.sync(names, namespaced=True), store.tenant_policies_loaded, store.unsynced,
-        on_error=on_error)
+        crd="crds/namespacedadmissionpolicy.yaml")
 
 
 async def watch_exceptions(api_client: client.ApiClient, store: ExceptionStore,
                            unsynced: dict[str, float]) -> None:
+    """AdmissionPolicyExceptions; as tenant policies, none while their CRD is not installed."""
     objects = client.CustomObjectsApi(api_client)
     await list_and_watch(
         "AdmissionPolicyExceptions",
         lambda **kw: objects.list_cluster_custom_object(api.GROUP, api.VERSION, policyexception.PLURAL, **kw),
-        store.apply, store.sync, store.loaded, unsynced)
+        store.apply, store.sync, store.loaded, unsynced, crd="crds/admissionpolicyexception.yaml")
 
 
 async def watch_namespaces(api_client: client.ApiClient, store: PolicyStore) -> None:
