@@ -20,7 +20,16 @@ from celcases import compile_error, evaluate, evaluation_error
 from click.testing import CliRunner
 
 import builders
-from admission_policy.authorization import NO_AUTHORIZER, Answer, Answers, Asking, Check, Subject, answering
+from admission_policy.authorization import (
+    NO_AUTHORIZER,
+    Answer,
+    Answers,
+    Asking,
+    Authorization,
+    Check,
+    Subject,
+    answering,
+)
 from admission_policy.cellib import authz
 from admission_policy.cli import main
 from admission_policy.cli.authorizer import DeclaredAnswers, parse_answer, parse_answers
@@ -300,7 +309,10 @@ async def rounds_of(source: str, answerer: Answerer, message: str | None = None)
     if message is not None:
         validation["messageExpression"] = message
     compiled = policy("authz", rules=[CREATE_POD_RULE], validations=[validation])
-    return await authorizer.decide(lambda answers: decide(compiled, POD_REQUEST, authorization=answers), answerer)
+
+    async def judged(answers: Authorization) -> Any:
+        return decide(compiled, POD_REQUEST, authorization=answers)
+    return await authorizer.decide(judged, answerer)
 
 
 async def test_checks_that_depend_on_answers_take_a_round_each() -> None:
