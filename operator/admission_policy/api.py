@@ -35,6 +35,8 @@ MergeMode: TypeAlias = Literal["Overwrite", "IfAbsent"]
 
 ENFORCEMENTS: Final = ("Enforce", "Warn", "Audit")
 APPROVALS: Final = ("None", "Required")
+REINVOCATION_POLICIES: Final = ("Never", "IfNeeded")
+ReinvocationPolicy = Literal["Never", "IfNeeded"]
 FAILURE_POLICIES: Final = ("Fail", "Ignore")
 MERGE_MODES: Final = ("Overwrite", "IfAbsent")
 OPERATIONS: Final = ("CREATE", "UPDATE", "DELETE", "CONNECT", "*")
@@ -64,7 +66,7 @@ ACCEPTED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "": frozenset({"apiVersion", "kind", "metadata", "spec", "status"}),
     "spec": frozenset({
         "description", "enforcement", "failurePolicy", "match", "podControllers", "paramKind", "paramRef",
-        "context", "variables", "validations", "mutations", "reportAdmission", "exceptions",
+        "context", "variables", "validations", "mutations", "reportAdmission", "exceptions", "reinvocationPolicy",
     }),
     "spec.exceptions": frozenset({"allowed", "maxDuration", "approval"}),
     "spec.paramKind": frozenset({"apiVersion", "kind"}),
@@ -332,6 +334,9 @@ class AdmissionPolicy:
     # Audit/Warn failures at admission also go to the audit reports (operator/audit.py).
     report_admission: bool = False
     exceptions: ExceptionRules = ExceptionRules()
+    # IfNeeded: its mutations run again when a later policy changed the object, as the API server
+    # reinvokes a webhook or a MutatingAdmissionPolicy with this field (their default: Never).
+    reinvocation_policy: ReinvocationPolicy = "Never"
     # A NamespacedAdmissionPolicy's namespace (its ``name`` is "namespace/name"); None: cluster-wide.
     namespace: str | None = None
 
@@ -438,6 +443,8 @@ def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionP
         pod_controllers=pod_controllers,
         report_admission=_boolean(spec.get("reportAdmission", False), "spec.reportAdmission"),
         exceptions=_parse_exception_rules(spec.get("exceptions")),
+        reinvocation_policy=cast(ReinvocationPolicy, _enum(spec.get("reinvocationPolicy", "Never"),
+                                                           "spec.reinvocationPolicy", REINVOCATION_POLICIES)),
     )
 
 

@@ -7,6 +7,7 @@ and last `helm uninstall`.
 from __future__ import annotations
 
 import copy
+import os
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -277,6 +278,37 @@ def test_rollout_restart_helm_upgrade_and_certificate_renewal_fail_no_admission(
         phases["helm upgrade back"] = str(stream.tally)
     print("\n" + "\n".join(f"{phase}: {tally}" for phase, tally in phases.items()))
     assert stream.tally.right > 500 and stream.tally.wrong == [], phases
+
+
+# How many rollout restarts and helm upgrades in a row the stream goes through below. CI runs a few;
+# the long form (docs/operations.md, "Rollouts") is AP_NODE_ROLLOUT_CYCLES=10.
+CYCLES = int(os.environ.get("AP_NODE_ROLLOUT_CYCLES", "3"))
+
+
+def test_consecutive_rollout_restarts_and_helm_upgrades_fail_no_admission(demo: Node, policies: list[str]) -> None:
+    """Issue 33: a replica stopping used to cut the API server's keep-alive connections to it, and
+    a review written onto one as it closed failed (EOF; the API server does not retry a POST).
+    Each cycle replaces both replicas twice, by `kubectl rollout restart` and by a `helm upgrade`
+    that changes the Pod template, under two clients' steady stream of admissions: every answer
+    must be the policy's."""
+    apply_policies(demo, policies, stream_policy(DEMO))
+    phases: list[str] = []
+    with Admissions(demo.kubeconfig, DEMO) as stream, helm.Chart.load(CHART) as chart:
+        time.sleep(2)
+        for cycle in range(1, CYCLES + 1):
+            demo.kubectl("-n", NAMESPACE, "rollout", "restart", f"deployment/{DEPLOYMENT}")
+            demo.kubectl("-n", NAMESPACE, "rollout", "status", f"deployment/{DEPLOYMENT}", "--timeout=180s",
+                         timeout=200)
+            phases.append(f"rollout restart {cycle}: {stream.tally}")
+            values = {**VALUES, "podAnnotations": {"e2e.policy-operator.dev/cycle": str(cycle)}}
+            demo.helm().upgrade(chart, RELEASE, values if cycle < CYCLES else dict(VALUES), namespace=NAMESPACE,
+                                wait="watcher", timeout=300)
+            phases.append(f"helm upgrade {cycle}: {stream.tally}")
+        # The last replaced replicas are done draining once only the two new ones are left.
+        eventually(lambda: len(demo.operator_pods()) == 2, timeout=60, what="only the upgraded replicas left")
+        time.sleep(2)
+    print("\n" + "\n".join(phases))
+    assert stream.tally.right > 100 * CYCLES and stream.tally.wrong == [], phases
 
 
 # --- a plugin image, by the guide's recipe ------------------------------------------------------------

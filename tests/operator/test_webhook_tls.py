@@ -502,3 +502,51 @@ async def test_tls_1_2_with_the_go_clients_ciphers_is_served(serving: Any) -> No
         context = client_context(webhook, maximum_version=ssl.TLSVersion.TLSv1_2,
                                  ciphers="ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-ECDSA-CHACHA20-POLY1305")
         assert (await Webhook(context, webhook.base).review("/validate", pod_request("web")))["allowed"] is True
+
+
+# --- stopping: the API server's keep-alive connections are handed back, not cut (issue 33) ------------------
+
+async def answer_and_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[int, str]:
+    """One review on this connection: the status and the Connection header of the answer."""
+    writer.write(request_head("/validate", len(COMPLIANT)) + COMPLIANT)
+    await writer.drain()
+    status = int((await reader.readline()).split()[1])
+    length, kept = 0, ""
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        if name.lower() == "content-length":
+            length = int(value)
+        elif name.lower() == "connection":
+            kept = value.strip().lower()
+    await reader.readexactly(length)
+    return status, kept
+
+
+async def test_a_stopping_replica_answers_on_its_open_connections_and_asks_the_client_to_close_them(
+        emulator: Any, run_operator: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """A rollout stops replicas while the API server keeps connections open to them, and it does
+    not retry a review written onto a connection the server closes: one refused admission per
+    connection cut (issue 33). Stopping, the server answers each review on an open connection
+    with ``Connection: close`` (so the client opens its next one elsewhere), and closes only the
+    connections left idle."""
+    from emulator import VALIDATING_WEBHOOK_CONFIGURATIONS
+    from operator_env import CONFIG_NAME, operator_environment, operator_running, webhook_client
+
+    from admission_policy.operator import webhook as server
+    monkeypatch.setattr(server.PolicyWebhookServer, "drain_quiet", 2.0)
+    env = operator_environment(monkeypatch, tmp_path / "certs")
+    async with operator_running(run_operator) as op:
+        await wait_for(lambda: emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME) is not None, timeout=20)
+        webhook = webhook_client(emulator, env)
+        async with connection(webhook) as busy, connection(webhook) as idle:
+            assert await answer_and_connection(*busy) == (200, "")   # HTTP/1.1: kept alive
+            assert (await answer_and_connection(*idle))[0] == 200
+            op.stop_flag.set()
+            answers = []
+            while not answers or answers[-1] != (200, "close"):   # served on, until the server drains
+                answers.append(await answer_and_connection(*busy))
+                assert answers[-1][0] == 200, answers
+            assert await closed_by_server(busy[0]) == b""   # closed after that answer, as it said
+            # The connection idle meanwhile was kept open, and is served the same way.
+            assert await answer_and_connection(*idle) == (200, "close")
+            assert await closed_by_server(idle[0]) == b""

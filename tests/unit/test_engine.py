@@ -11,7 +11,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from admission_policy import cel, celast
+from admission_policy import api, cel, celast
 from admission_policy.cli.documents import load_policies
 from admission_policy.engine import (
     Phase,
@@ -940,7 +940,7 @@ def test_an_earlier_policy_sees_what_a_later_one_added_as_the_api_server_reinvok
     """Policies mutate in name order; the API server reinvokes a webhook once when a later one
     changed the object (reinvocationPolicy IfNeeded). So does the engine: the sidecar injected
     by "b-sidecar" gets the default resources "a-defaults" gives every container."""
-    defaults = policy("a-defaults", mutations=[{"name": "requests", "condition":
+    defaults = policy("a-defaults", reinvocationPolicy="IfNeeded", mutations=[{"name": "requests", "condition":
         "object.spec.containers.exists(c, !has(c.resources))", "jsonPatch": [{"op": "replace",
         "path": "/spec/containers", "valueExpression": "object.spec.containers.map(c, has(c.resources) ? c : "
         "{'name': c.name, 'image': c.image, 'resources': {'requests': {'cpu': '100m'}}})"}]}])
@@ -952,6 +952,33 @@ def test_an_earlier_policy_sees_what_a_later_one_added_as_the_api_server_reinvok
     assert [(c["name"], c.get("resources")) for c in containers] == [
         ("c", {"requests": {"cpu": "100m"}}), ("shipper", {"requests": {"cpu": "100m"}})]
     assert [o.policy for o in decision.outcomes if o.mutated] == ["a-defaults", "b-sidecar"]
+
+
+def test_a_policy_is_reinvoked_only_when_it_asks_to_be() -> None:
+    """reinvocationPolicy Never (the default, as Kubernetes'): a policy mutates once, and a later
+    policy's change costs it nothing; IfNeeded: once more, after the last policy that changed the
+    object, and no more when nothing after it changed anything."""
+    counting = {"name": "requests", "condition": "object.spec.containers.exists(c, !has(c.resources))",
+                "jsonPatch": [{"op": "replace", "path": "/spec/containers", "valueExpression":
+                               "object.spec.containers.map(c, has(c.resources) ? c : {'name': c.name, 'image': "
+                               "c.image, 'resources': {'requests': {'cpu': '100m'}}})"}]}
+    sidecar = policy("b-sidecar", mutations=[{"name": "inject", "condition":
+        "!object.spec.containers.exists(c, c.name == 'shipper')", "jsonPatch": [{"op": "add",
+        "path": "/spec/containers/-", "value": {"name": "shipper", "image": "shipper:1"}}]}])
+    once = decide([policy("a-defaults", mutations=[counting]), sidecar], request(pod()), phase=Phase.MUTATE)
+    assert [(c["name"], c.get("resources")) for c in once.patched_object["spec"]["containers"]] == [
+        ("c", {"requests": {"cpu": "100m"}}), ("shipper", None)]
+    again = decide([policy("a-defaults", reinvocationPolicy="IfNeeded", mutations=[counting]), sidecar],
+                   request(pod()), phase=Phase.MUTATE)
+    assert again.evaluations > once.evaluations
+    # Nothing after it changes the object: not run again, whatever it asks.
+    alone = decide([policy("a-defaults", reinvocationPolicy="IfNeeded", mutations=[counting])], request(pod()),
+                   phase=Phase.MUTATE)
+    assert alone.evaluations == decide([policy("a-defaults", mutations=[counting])], request(pod()),
+                                       phase=Phase.MUTATE).evaluations
+    with pytest.raises(api.PolicyError, match=r"spec\.reinvocationPolicy"):
+        policy("bad", reinvocationPolicy="Always", mutations=[counting])
+
 
 
 def test_a_caller_that_may_not_wait_for_a_child_gets_no_decision_but_forks(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,7 @@ import pytest
 from admission_policy import api
 from admission_policy.api import PolicyError, parse_policy
 from admission_policy.cluster.discovery import DiscoveredResource
-from admission_policy.engine import CompiledPolicy, compile_policy
+from admission_policy.engine import CompiledPolicy, PolicySet, compile_policy
 from admission_policy.operator.config import OperatorConfig
 from admission_policy.operator.store import load_policy
 from admission_policy.operator.tenancy import COST_SIZES, tenant_problems
@@ -253,3 +253,25 @@ def test_a_tenant_policy_calling_a_plugin_not_allowed_is_refused_naming_the_fiel
 
 def test_a_cluster_policy_calls_any_plugin() -> None:
     assert load_policy(policy_body(validations=[PLUGIN_RULE]), "Fail").name == "p"
+
+
+# --- the index -------------------------------------------------------------------------------------------------
+
+def test_a_request_meets_the_cluster_policies_and_its_own_namespaces_only() -> None:
+    """Tenant policies are indexed by namespace: a request never meets another tenant's (issue 33:
+    a thousand tenants' policies on Pods made every Pod request look at each of them)."""
+    judge = {"validations": [{"expression": "true"}]}
+    policies = PolicySet([tenant("mine", **judge), tenant("theirs", namespace="team-b", **judge),
+                          policy("cluster", **judge)])
+
+    def names(found: PolicySet, namespace: str) -> list[str]:
+        return [p.name for p in found.candidates(request(pod(namespace=namespace), namespace=namespace))]
+    assert names(policies, TEAM) == ["cluster", f"{TEAM}/mine"]
+    assert names(policies, "team-b") == ["cluster", "team-b/theirs"]
+    assert names(policies, "team-c") == ["cluster"]
+    # Updates make new sets and leave the old one as it was.
+    changed = policies.replace(tenant("mine", rules=[rule("configmaps")], **judge)).remove("team-b/theirs")
+    assert names(changed, TEAM) == ["cluster"]
+    assert names(changed, "team-b") == ["cluster"]
+    assert names(policies, TEAM) == ["cluster", f"{TEAM}/mine"]
+    assert names(changed.remove("cluster").remove(f"{TEAM}/mine"), TEAM) == []

@@ -293,11 +293,13 @@ class _Run:
             action(policy)
 
     def mutate_all(self, policies: list[CompiledPolicy]) -> None:
-        """Each policy's mutations in name order; then, once, those before the last policy that
-        changed the object again, as the API server reinvokes a webhook once when a later one
-        changed the object (reinvocationPolicy IfNeeded): an earlier policy sees what a later one
-        added (a sidecar injected after the default resources were set gets them too). Mutations
-        are idempotent, so the second pass changes only what the first could not see.
+        """Each policy's mutations in name order; then, once, those of the policies with
+        ``reinvocationPolicy: IfNeeded`` before the last policy that changed the object, as the
+        API server reinvokes such a webhook once when a later one changed the object: an earlier
+        policy sees what a later one added (a sidecar injected after the default resources were
+        set gets them too). Mutations are idempotent, so the second pass changes only what the
+        first could not see. With ``Never`` (the default, as Kubernetes'), a policy runs once:
+        the second pass costs nothing unless a policy asks for it.
 
         Tenant policies (NamespacedAdmissionPolicy) go first, and when one changed the object in
         the second pass the cluster policies' mutations run once more: what a cluster policy sets
@@ -312,6 +314,8 @@ class _Run:
                 last = index
         tenant_changed = False
         for policy in policies[:last]:
+            if policy.policy.reinvocation_policy != "IfNeeded":
+                continue
             before = self.object
             self._mutate_again(policy)
             tenant_changed |= self.object is not before and policy.policy.namespace is not None

@@ -2,8 +2,11 @@
 
 The index maps (group, resource, subresource, operation) to the policies whose rules name them,
 so a request costs a handful of dict lookups however many policies are installed, and a
-request that no rule names evaluates no CEL at all. An update returns a new set that shares
-everything but the changed policy's entries, so loading N policies one by one stays linear.
+request that no rule names evaluates no CEL at all. The cluster's policies have one index, and
+each namespace's tenant policies (NamespacedAdmissionPolicy) one of their own, so that a request
+meets the cluster's and its own namespace's, never the thousand other tenants'. An update
+returns a new set that shares everything but the changed policy's index, so loading N policies
+one by one stays linear.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from .request import AdmissionRequest
 _Key = tuple[str, str, str, str]  # group, resource, subresource, operation ("*" = any)
 _Entry = tuple[CompiledPolicy, ResourceRule]
 _Index = dict[_Key, tuple[_Entry, ...]]
+_Indexes = dict[str, _Index]   # "": the cluster's policies; a namespace: its tenant policies
 
 _ANY: Final = "*"
 
@@ -28,17 +32,17 @@ class PolicySet:
 
     def __init__(self, policies: Iterable[CompiledPolicy] = ()) -> None:
         self._policies: dict[str, CompiledPolicy] = {}
-        self._index: _Index = {}
+        self._indexes: _Indexes = {}
         for policy in policies:
             if policy.name in self._policies:
                 raise ValueError(f"policy names must be unique in a PolicySet: {policy.name!r}")
             self._policies[policy.name] = policy
-            _add(self._index, policy)
+            _add(self._indexes.setdefault(_namespace(policy), {}), policy)
 
     @classmethod
-    def _of(cls, policies: dict[str, CompiledPolicy], index: _Index) -> PolicySet:
+    def _of(cls, policies: dict[str, CompiledPolicy], indexes: _Indexes) -> PolicySet:
         new = cls()
-        new._policies, new._index = policies, index
+        new._policies, new._indexes = policies, indexes
         return new
 
     @functools.cached_property
@@ -59,31 +63,46 @@ class PolicySet:
 
     def replace(self, policy: CompiledPolicy) -> PolicySet:
         """A new set with this policy added or replacing the one of the same name."""
-        policies, index = dict(self._policies), dict(self._index)
-        if policy.name in policies:
-            _discard(index, policies[policy.name])
+        policies, indexes = dict(self._policies), dict(self._indexes)
+        old = policies.get(policy.name)
+        for namespace in {_namespace(policy), *((_namespace(old),) if old else ())}:
+            indexes[namespace] = dict(indexes.get(namespace, {}))   # copied: the old set keeps its own
+        if old is not None:
+            _discard(indexes, old)
         policies[policy.name] = policy
-        _add(index, policy)
-        return PolicySet._of(policies, index)
+        _add(indexes.setdefault(_namespace(policy), {}), policy)
+        return PolicySet._of(policies, indexes)
 
     def remove(self, name: str) -> PolicySet:
         """A new set without the policy ``name`` (this one, when it has none)."""
         if name not in self._policies:
             return self
-        policies, index = dict(self._policies), dict(self._index)
-        _discard(index, policies.pop(name))
-        return PolicySet._of(policies, index)
+        policies, indexes = dict(self._policies), dict(self._indexes)
+        old = policies.pop(name)
+        indexes[_namespace(old)] = dict(indexes[_namespace(old)])
+        _discard(indexes, old)
+        return PolicySet._of(policies, indexes)
 
     def candidates(self, request: AdmissionRequest) -> list[CompiledPolicy]:
-        """Policies with a rule naming this request's resource, operation and version, by name."""
+        """Policies with a rule naming this request's resource, operation and version, by name:
+        the cluster's, and the tenant policies of the request's namespace."""
+        indexes = [index for index in (self._indexes.get(""), self._indexes.get(request.namespace)
+                                       if request.namespace else None) if index]
+        if not indexes:
+            return []
         subresources = (request.sub_resource, _ANY) if request.sub_resource else ("",)
         found: dict[str, CompiledPolicy] = {}
         for key in itertools.product((request.group, _ANY), (request.resource, _ANY), subresources,
                                      (request.operation, _ANY)):
-            for policy, rule in self._index.get(key, ()):
-                if policy.name not in found and (_ANY in rule.api_versions or request.version in rule.api_versions):
-                    found[policy.name] = policy
+            for index in indexes:
+                for policy, rule in index.get(key, ()):
+                    if policy.name not in found and (_ANY in rule.api_versions or request.version in rule.api_versions):
+                        found[policy.name] = policy
         return [found[name] for name in sorted(found)]
+
+
+def _namespace(policy: CompiledPolicy) -> str:
+    return policy.policy.namespace or ""
 
 
 def _keys(rule: ResourceRule) -> Iterator[_Key]:
@@ -107,7 +126,9 @@ def _add(index: _Index, policy: CompiledPolicy) -> None:
             index[key] = (*index.get(key, ()), (compiled, rule))
 
 
-def _discard(index: _Index, policy: CompiledPolicy) -> None:
+def _discard(indexes: _Indexes, policy: CompiledPolicy) -> None:
+    """Take the policy out of its (already copied) index; an index left empty goes."""
+    index = indexes[_namespace(policy)]
     mine = {id(compiled) for compiled in (policy, *policy.derived)}
     for _, rule in _entries(policy):
         for key in _keys(rule):
@@ -116,3 +137,5 @@ def _discard(index: _Index, policy: CompiledPolicy) -> None:
                 index[key] = kept
             else:
                 index.pop(key, None)
+    if not index:
+        del indexes[_namespace(policy)]

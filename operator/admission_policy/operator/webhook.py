@@ -86,6 +86,10 @@ MIN_IDLE_TO_EVICT = 2.0
 # TLS 1.2 suites with ECDHE and AEAD (TLS 1.3's are all such): what Go's client offers first.
 CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 LOG_INTERVAL = 60.0     # at most one line per kind of connection trouble per this many seconds
+# Stopping, the server drains its connections before closing them (see ``PolicyWebhookServer._drain``):
+# for at most DRAIN_SECONDS, and no longer once every open connection has been idle for DRAIN_QUIET.
+DRAIN_SECONDS = 5.0
+DRAIN_QUIET = 1.0
 
 
 @dataclasses.dataclass
@@ -106,6 +110,8 @@ class PolicyWebhookServer(kopf.WebhookServer):
     keepalive_timeout: float = KEEPALIVE_TIMEOUT
     handshake_timeout: float = TLS_HANDSHAKE_TIMEOUT
     min_idle_to_evict: float = MIN_IDLE_TO_EVICT
+    drain_seconds: float = DRAIN_SECONDS
+    drain_quiet: float = DRAIN_QUIET
 
     def __init__(self, *, listening: asyncio.Event, max_connections: int = OperatorConfig.max_connections,
                  body_timeout: float = OperatorConfig.webhook_timeout, **kwargs: Any) -> None:
@@ -124,6 +130,8 @@ class PolicyWebhookServer(kopf.WebhookServer):
         self._throttle = _Throttle(LOG_INTERVAL)
         self._files_written = asyncio.Event()
         self._loaded = ""   # digest of the certificate files the listener serves
+        self._connections: _Connections | None = None
+        self._draining = False
 
     def files_written(self) -> None:
         """The operator wrote new certificate files: load them now rather than at the next poll."""
@@ -155,9 +163,34 @@ class PolicyWebhookServer(kopf.WebhookServer):
                     if context is not None:
                         self._reload(context)
             finally:
-                listener.close()
+                try:
+                    await self._drain()
+                finally:
+                    listener.close()
         finally:
             await runner.cleanup()
+
+    async def _drain(self) -> None:
+        """Stopping: hand the API server's keep-alive connections back before closing them.
+
+        The API server reuses a connection for its next review, and does not retry a POST that
+        fails because the server closed the connection as the review was written onto it: every
+        connection closed while in use would fail one admission (a rollout did, issue 33). When
+        the replica stops, the Service has already stopped sending it new connections (the
+        preStop sleep saw to that), but the API server's open ones still lead here. So for up to
+        ``drain_seconds`` the server goes on answering, each answer with ``Connection: close``:
+        the API server closes that connection itself and opens its next one to a replica that
+        stays. Once every connection left has been idle for ``drain_quiet`` (the API server
+        reuses the one it used last first, so these are the ones it is not using), they are
+        closed, and with them the listener."""
+        self._draining = True
+        connections = self._connections
+        deadline = time.monotonic() + self.drain_seconds
+        while connections is not None and time.monotonic() < deadline:
+            now = time.monotonic()
+            if all(not gate.busy and now - gate.active >= self.drain_quiet for gate in connections.open):
+                break
+            await asyncio.sleep(0.05)
 
     def _reload(self, context: ssl.SSLContext) -> None:
         """Serve the certificate in the files from the next handshake on; a pair that does not
@@ -195,7 +228,7 @@ class PolicyWebhookServer(kopf.WebhookServer):
                       port: int) -> asyncio.AbstractServer:
         server = runner.server
         assert server is not None, "the runner is set up"
-        connections = _Connections(self.max_connections, self._throttle, self.min_idle_to_evict)
+        connections = self._connections = _Connections(self.max_connections, self._throttle, self.min_idle_to_evict)
         loop = asyncio.get_running_loop()
 
         def accept() -> asyncio.BaseProtocol:
@@ -242,8 +275,11 @@ class PolicyWebhookServer(kopf.WebhookServer):
             except ReviewError as exc:
                 # Kopf answers a 500 to bodies it cannot read; this is the client's mistake.
                 raise aiohttp.web.HTTPBadRequest(text=f"invalid AdmissionReview: {exc}") from None
-            return aiohttp.web.Response(body=orjson.dumps(await _decide(fn, request, review, data)),
-                                        content_type="application/json")
+            response = aiohttp.web.Response(body=orjson.dumps(await _decide(fn, request, review, data)),
+                                            content_type="application/json")
+            if self._draining:   # the client's next review goes to a replica that stays (see _drain)
+                response.force_close()
+            return response
 
     async def _read(self, request: aiohttp.web.Request) -> bytes:
         """The body: within the size limit and ``body_timeout``; a client gone is one log line."""
