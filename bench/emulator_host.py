@@ -27,6 +27,8 @@ from common import CLIENT_CORE, HARNESS, emit, pin
 sys.path.insert(0, str(HARNESS))
 from emulator import ADMISSION_POLICIES, NAMESPACES, Emulator
 
+TENANT_POLICIES = "policy-operator.dev/v1alpha1/namespacedadmissionpolicies"
+
 REQUEST_NAMESPACES = ("default", "shop")   # where the bench's requests live: watched, never fetched
 
 
@@ -79,15 +81,20 @@ def preload(emu: Emulator, bodies: list[dict[str, Any]]) -> None:
     for name in REQUEST_NAMESPACES:
         emu.kmock.put_object(NAMESPACES, {"metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name}}})
     for body in bodies:
-        emu.kmock.put_object(ADMISSION_POLICIES, body)
+        namespace = body["metadata"].get("namespace")
+        if namespace and (kmock.resource(NAMESPACES), None, namespace) not in emu.kmock.objects:
+            emu.kmock.put_object(NAMESPACES, {"metadata": {"name": namespace,
+                                                           "labels": {"kubernetes.io/metadata.name": namespace}}})
+        emu.kmock.put_object(TENANT_POLICIES if namespace else ADMISSION_POLICIES, body)
 
 
 def phases(emu: Emulator, names: list[str]) -> collections.Counter[str]:
-    """Phase per policy, read from storage without copying (peek() deep-copies)."""
+    """Phase per policy ("namespace/name" for a tenant's), read from storage without copying
+    (peek() deep-copies)."""
     counts: collections.Counter[str] = collections.Counter()
-    resource = kmock.resource(ADMISSION_POLICIES)
     for name in names:
-        key = (resource, None, name)
+        namespace, _, own = name.rpartition("/")
+        key = (kmock.resource(TENANT_POLICIES if namespace else ADMISSION_POLICIES), namespace or None, own)
         stored = emu.kmock.objects[key].raw if key in emu.kmock.objects else {}
         counts[str((stored.get("status") or {}).get("phase"))] += 1
     return counts
@@ -109,17 +116,20 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--set", choices=sorted(policies.SETS), default="none")
     parser.add_argument("--generated", type=int, default=0)
+    parser.add_argument("--tenants", type=int, default=0, help="tenant policies, over half as many namespaces")
     parser.add_argument("--timeout", type=float, default=240.0)
     args = parser.parse_args()
     pin(CLIENT_CORE)
 
     speed_up()
-    bodies = policies.example_set(args.set) + policies.generated(args.generated)
+    bodies = (policies.example_set(args.set) + policies.generated(args.generated)
+              + policies.tenants(args.tenants, max(args.tenants // 2, 1)))
     async with Emulator() as emu:
         declare_cluster(emu)
         preload(emu, bodies)
         emit(url=emu.url, kubeconfig=str(emu.kubeconfig))
-        waiting = asyncio.create_task(wait_active(emu, [b["metadata"]["name"] for b in bodies], args.timeout))
+        names = ["/".join(filter(None, (b["metadata"].get("namespace"), b["metadata"]["name"]))) for b in bodies]
+        waiting = asyncio.create_task(wait_active(emu, names, args.timeout))
         # Serve until the orchestrator closes our stdin (it also does so when it dies).
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
         waiting.cancel()

@@ -119,3 +119,23 @@ def generated(count: int) -> list[dict[str, Any]]:
         bodies.append({"apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy",
                        "metadata": {"name": f"bench-generated-{index:04d}"}, "spec": spec})
     return bodies
+
+
+def tenants(count: int, namespaces: int) -> list[dict[str, Any]]:
+    """``count`` NamespacedAdmissionPolicies judging Pod CREATEs, spread over ``namespaces`` tenant
+    namespaces none of the bench's requests is in: each request must meet none of them."""
+    bodies = []
+    for index in range(count):
+        namespace = tenant_namespace(index % namespaces)
+        bodies.append({"apiVersion": "policy-operator.dev/v1alpha1", "kind": "NamespacedAdmissionPolicy",
+                       "metadata": {"name": f"bench-tenant-{index:04d}", "namespace": namespace},
+                       "spec": {"description": f"tenant policy {index} (bench)",
+                                "match": {"resources": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                         "resources": ["pods"], "operations": ["CREATE"]}]},
+                                "validations": [{"expression": "object.metadata.name != 'forbidden'",
+                                                 "message": "not that name"}]}})
+    return bodies
+
+
+def tenant_namespace(index: int) -> str:
+    return f"bench-tenant-{index:03d}"

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import statistics
+import urllib.request
 from typing import Any, Final
+
+from prometheus_client.parser import text_string_to_metric_families
 
 PSS_REQUEST: Final = "pss-pod-create"
 DISTURBED: Final = 0.05   # a run where other processes took more of the server's core than this is flagged
@@ -64,9 +67,36 @@ def targets(scenarios: dict[str, Any], table: dict[str, Any], runs: Runs) -> dic
             table["mutation"]["sidecar-pod-create"]["vs_kopf_noop"], 0.75),
         "generated_1000_throughput_ge_0.95x_pss": at_least(round_ratio(runs, "pss+generated", "pss", PSS_REQUEST),
                                                             0.95),
+        "tenants_1000_throughput_ge_0.95x_pss": at_least(round_ratio(runs, "pss+tenants", "pss", PSS_REQUEST), 0.95),
         "pss_p99_le_1.5x_kopf_noop_at_half_its_saturation": at_most(p99_ratio, 1.5),
         "generated_1000_peak_rss_le_120mb": at_most(peak if peak > 0 else None, 120.0),
     }
+
+
+LAG: Final = "admission_policy_event_loop_lag_seconds"
+
+
+def loop_lag(metrics_port: int) -> dict[str, float]:
+    """The operator's event-loop lag histogram as scraped: cumulative count per bucket bound."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return {sample.labels["le"]: sample.value for family in text_string_to_metric_families(text)
+            if family.name == LAG for sample in family.samples if sample.name == f"{LAG}_bucket"}
+
+
+def lag_between(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """What the loop-lag samples taken during a run say: how many, how many late by more than 10,
+    50 and 100 ms, and the bucket of the latest ("<= 0.25 s")."""
+    counts = {bound: after[bound] - before.get(bound, 0.0) for bound in after}
+    samples = counts.get("+Inf", 0.0)
+    worst = next((bound for bound, count in sorted(counts.items(), key=lambda item: _bound(item[0]))
+                  if count == samples), "+Inf")
+    return {"samples": int(samples), **{f"over_{ms}ms": int(samples - counts.get(str(ms / 1000), samples))
+                                        for ms in (10, 50, 100)}, "worst_le_s": worst}
+
+
+def _bound(text: str) -> float:
+    return float("inf") if text == "+Inf" else float(text)
 
 
 def all_as_expected(scenarios: dict[str, Any]) -> bool:
@@ -84,6 +114,10 @@ def disturbed(scenarios: dict[str, Any]) -> list[str]:
 
 def print_run(name: str, result: dict[str, Any]) -> None:
     extra = f" (offered {result['offered_rps']:.0f}/s, dropped {result['dropped']})" if "offered_rps" in result else ""
+    if "loop_lag" in result:
+        lag = result["loop_lag"]
+        extra += (f"; event loop late >10 ms in {lag['over_10ms']}, >50 ms in {lag['over_50ms']}, >100 ms in"
+                  f" {lag['over_100ms']} of {lag['samples']} samples, worst <= {lag['worst_le_s']} s")
     flag = "" if result.get("as_expected", True) else "  UNEXPECTED ANSWERS"
     if (result.get("others_on_server_core") or 0) > DISTURBED:
         flag += f"  DISTURBED ({result['others_on_server_core']:.0%} of the server core went to other processes)"

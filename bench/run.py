@@ -48,15 +48,16 @@ class Plan:
     #                                     closed-loop throughput in this run; the first is the target's
     concurrency: int          # closed loop: requests in flight (keep-alive connections)
     generated: int            # non-matching policies installed in the "many policies" scenario
+    tenants: int              # tenant policies on Pods, in other namespaces, in the "many tenants" scenario
     micro_seconds: float      # engine micro-bench: timing per measured function
     load_timeout: float       # seconds for the operator to bring every policy to Active
 
 
 FULL = Plan(quick=False, rounds=4, warmup=1.0, duration=3.0, open_warmup=2.0, open_duration=8.0,
-            open_fractions=(0.5, 0.75), concurrency=16, generated=1000,
+            open_fractions=(0.5, 0.75), concurrency=16, generated=1000, tenants=1000,
             micro_seconds=1.0, load_timeout=300.0)
 QUICK = Plan(quick=True, rounds=1, warmup=0.5, duration=1.0, open_warmup=0.5, open_duration=2.0,
-             open_fractions=(0.5,), concurrency=16, generated=100,
+             open_fractions=(0.5,), concurrency=16, generated=100, tenants=100,
              micro_seconds=0.15, load_timeout=120.0)
 
 
@@ -67,6 +68,7 @@ class Scenario:
     requests: tuple[str, ...]         # closed-loop runs, one per request kind and round
     policy_set: str = "none"          # policies.SETS
     generated: bool = False           # plus Plan.generated non-matching policies
+    tenants: bool = False             # plus Plan.tenants tenant policies in other namespaces
     open_loop: bool = False           # plus an open-loop run of the PSS Pod CREATE
     path: str | None = None           # send every request here instead of its own webhook path
 
@@ -77,6 +79,7 @@ SCENARIOS = (
     Scenario("kopf-noop", "kopf-noop", ALL_REQUESTS, open_loop=True, path="/validate"),
     Scenario("pss", "operator", (PSS_REQUEST, "deployment-update", "node-status-update"), "pss", open_loop=True),
     Scenario("pss+generated", "operator", (PSS_REQUEST,), "pss", generated=True),
+    Scenario("pss+tenants", "operator", (PSS_REQUEST,), "pss", tenants=True),
     Scenario("mutation", "operator", ("sidecar-pod-create",), "mutation"),
 )
 
@@ -88,6 +91,7 @@ class Server:
     port: int
     cafile: str
     info: dict[str, Any]
+    metrics_port: int = 0   # the operator's /metrics (its event loop's lag)
 
 
 # --- starting the servers ----------------------------------------------------------------------
@@ -120,10 +124,11 @@ def launch(scenario: Scenario, plan: Plan, workdir: pathlib.Path, log: IO[str],
         return Server(scenario, child, port, str(baseline_certs / "ca.crt"), {})
 
     generated = plan.generated if scenario.generated else 0
+    tenants = plan.tenants if scenario.tenants else 0
     emulator = stack.enter_context(running(Child(
         f"{scenario.name} emulator", "emulator_host.py",
-        ["--set", scenario.policy_set, "--generated", str(generated), "--timeout", str(plan.load_timeout)],
-        log=log, stdin=True)))
+        ["--set", scenario.policy_set, "--generated", str(generated), "--tenants", str(tenants),
+         "--timeout", str(plan.load_timeout)], log=log, stdin=True)))
     env = {"KUBECONFIG": emulator.read(60)["kubeconfig"]}
     if scenario.server == "kopf-noop":
         child = stack.enter_context(running(Child(
@@ -139,7 +144,7 @@ def launch(scenario: Scenario, plan: Plan, workdir: pathlib.Path, log: IO[str],
     if "error" in active:
         raise ChildError(f"{scenario.name}: {active['error']} ({active.get('phases')})")
     info = {"policies": active["active"], "load_seconds": round(time.monotonic() - started, 1)}
-    return Server(scenario, child, port, str(cert_dir / "ca.crt"), info)
+    return Server(scenario, child, port, str(cert_dir / "ca.crt"), info, int(env["AP_METRICS_PORT"]))
 
 
 def operator_env(port: int, cert_dir: pathlib.Path) -> dict[str, str]:
@@ -168,6 +173,8 @@ def describe(scenario: Scenario, plan: Plan) -> str:
     if scenario.server == "kopf-noop":
         return "(b) Kopf webhook server, one no-op @kopf.on.validate handler"
     extra = f" + {plan.generated} non-matching" if scenario.generated else ""
+    extra += f" + {plan.tenants} tenant policies on Pods in {max(plan.tenants // 2, 1)} other namespaces" \
+        if scenario.tenants else ""
     return f"the operator, policy set '{scenario.policy_set}'{extra}"
 
 
@@ -230,7 +237,10 @@ def measure_open_loop(servers: dict[str, Server], plan: Plan,
         for name, server in servers.items():
             if not server.scenario.open_loop or (index > 0 and server.scenario.server == "bare"):
                 continue
+            lag = report.loop_lag(server.metrics_port) if server.metrics_port else None
             result = load(server, PSS_REQUEST, plan, open_rate=rate)
+            if lag is not None:
+                result["loop_lag"] = report.lag_between(lag, report.loop_lag(server.metrics_port))
             result["fraction_of_noop_saturation"] = fraction
             results.setdefault(name, {})[key] = result
             report.print_run(name, result)

@@ -9,6 +9,7 @@ reviews' without the large one, are printed (``pytest -s``) as the figures docs/
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pathlib
 import statistics
@@ -44,13 +45,16 @@ def large_update() -> dict[str, Any]:
                              name="big", namespace="apps", uid="b16b16b1-0000-4000-8000-000000000001")
 
 
-async def small_reviews(webhook: Any) -> list[float]:
-    """SMALL pod reviews at once, each on its own connection, as the API server sends them; their
-    latencies in seconds. Every answer must be the policy's."""
+async def small_reviews(webhook: Any, session: aiohttp.ClientSession) -> list[float]:
+    """SMALL pod reviews at once over ``session``'s keep-alive connections, as the API server sends
+    them; their latencies in seconds. Every answer must be the policy's."""
     async def one(i: int) -> float:
         started = time.perf_counter()
         uid = f"00000000-0000-4000-8000-{i:012d}"
-        review = await webhook.review(VALIDATE_PATH, pod_request(f"offensive-{i}", uid=uid))
+        body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "request": pod_request(f"offensive-{i}", uid=uid)}
+        async with session.post(f"{webhook.base}{VALIDATE_PATH}", json=body) as answer:
+            review = (await answer.json())["response"]
         assert review["allowed"] is False and "offensive" in review["status"]["message"], review
         return time.perf_counter() - started
     return list(await asyncio.gather(*(one(i) for i in range(SMALL))))
@@ -59,19 +63,22 @@ async def small_reviews(webhook: Any) -> list[float]:
 async def test_the_loop_serves_on_while_a_child_evaluates_a_large_object(
         serving: Any, emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AP_WEBHOOK_TIMEOUT", "20")   # room for the child on a slow machine
-    async with serving() as webhook:
+    async with serving() as webhook, contextlib.AsyncExitStack() as stack:
         await emulator.create(ADMISSION_POLICIES, policy_body(
             "costly", match={"resources": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"],
                                             "operations": ["UPDATE"]}]},
             validations=[{"expression": GROWS, "message": "the blob must grow"}]))
         await wait_phase(emulator, "costly", "Active")
-        quiet = await small_reviews(webhook)
+        session = await stack.enter_async_context(aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=webhook.context, limit=SMALL)))
+        await small_reviews(webhook, session)   # the connections opened (the API server keeps them too)
+        quiet = await small_reviews(webhook, session)
 
         large = asyncio.create_task(webhook.review(VALIDATE_PATH, large_update()))
         await wait_for(lambda: bool(children()) or large.done(), timeout=20)
         # Answered already: the loop did not run until the evaluation was over (no child, or waited for on it).
         assert not large.done(), "the event loop was held for the whole evaluation of the large ConfigMap"
-        busy = await small_reviews(webhook)
+        busy = await small_reviews(webhook, session)
         health = f"http://127.0.0.1:{os.environ['AP_HEALTH_PORT']}/healthz"
         async with aiohttp.ClientSession() as session, session.get(health) as answer:
             assert answer.status == 200, await answer.text()
@@ -84,3 +91,25 @@ async def test_the_loop_serves_on_while_a_child_evaluates_a_large_object(
                 f"max {max(latencies) * 1000:.0f} ms")
     print(f"\n{SMALL} small reviews at once: alone {figures(quiet)}; while a child evaluates a 1.2 MiB "
           f"UPDATE: {figures(busy)}")
+
+
+async def test_a_stalled_event_loop_shows_in_the_loop_lag_metric() -> None:
+    """``admission_policy_event_loop_lag_seconds``: a step that holds the loop for 0.3 s is one
+    sample in the 0.5 s bucket and none below 0.25 s (what an operator alerts on)."""
+    from prometheus_client import generate_latest
+
+    from admission_policy.operator import metrics
+    lag = metrics.LoopLag()
+    monitor = asyncio.create_task(metrics.watch_loop_lag(lag))
+    try:
+        await asyncio.sleep(0.25)   # a few samples of an idle loop
+        time.sleep(0.3)             # the loop held, as a long synchronous step would
+        await asyncio.sleep(0.25)
+    finally:
+        monitor.cancel()
+    stalled = lag.counts[metrics.LAG_BUCKETS.index(0.5)]
+    assert stalled == 1 and sum(lag.counts[metrics.LAG_BUCKETS.index(0.5) + 1:]) == 0, lag.counts
+    assert lag.worst >= 0.3 - metrics.LAG_INTERVAL
+    text = generate_latest(metrics.REGISTRY).decode()
+    assert 'admission_policy_event_loop_lag_seconds_bucket{le="0.25"}' in text
+

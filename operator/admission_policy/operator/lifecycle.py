@@ -154,6 +154,7 @@ def _spawn_background_tasks(op: Operator) -> None:
     tasks.spawn("heap freeze", lambda: _freeze_after_load(store), essential=False)
     tasks.spawn("params and context caches", op.sources.run)
     tasks.spawn("inputs status", lambda: reconcile.follow_inputs(op), essential=False)
+    tasks.spawn("event loop lag", metrics.watch_loop_lag, essential=False)
 
 def _trouble(op: Operator) -> str:
     """What /readyz adds after "ready": a watch that is down, a side task left dead."""

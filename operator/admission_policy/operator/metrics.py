@@ -1,6 +1,7 @@
 """Prometheus metrics and the liveness/readiness probes, each on its own port."""
 from __future__ import annotations
 
+import asyncio
 import bisect
 import collections
 import contextlib
@@ -190,6 +191,47 @@ class AdmissionStats:
 STATS = AdmissionStats()
 REGISTRY.register(STATS)
 observe = STATS.observe
+
+# How late the event loop runs a timer: every request waiting for the loop waits that long on top
+# of its own work, so a stall (a long synchronous step, a full GC) shows here before it shows as a
+# webhook timeout. Sampled every LAG_INTERVAL.
+LAG_INTERVAL = 0.1
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class LoopLag:
+    """``admission_policy_event_loop_lag_seconds``: a histogram of the lag of each sample."""
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LAG_BUCKETS) + 1)
+        self.total = 0.0
+        self.worst = 0.0   # since the process started, for the logs and the bench
+
+    def observe(self, lag: float) -> None:
+        self.counts[bisect.bisect_left(LAG_BUCKETS, lag)] += 1
+        self.total += lag
+        self.worst = max(self.worst, lag)
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily("admission_policy_event_loop_lag_seconds", "How late the event loop runs "
+                                       f"a timer, sampled every {LAG_INTERVAL:g} s: what every request waits on top "
+                                       "of its own work.")
+        bounds = [*map(str, LAG_BUCKETS), "+Inf"]
+        family.add_metric([], list(zip(bounds, itertools.accumulate(self.counts), strict=True)), self.total)
+        yield family
+
+
+LOOP_LAG = LoopLag()
+REGISTRY.register(LOOP_LAG)
+
+
+async def watch_loop_lag(lag: LoopLag = LOOP_LAG) -> None:
+    """Sample the event loop's lag into ``lag``, for ever."""
+    loop = asyncio.get_running_loop()
+    while True:
+        start = loop.time()
+        await asyncio.sleep(LAG_INTERVAL)
+        lag.observe(max(0.0, loop.time() - start - LAG_INTERVAL))
 
 
 async def serve_metrics(host: str, port: int) -> aiohttp.web.AppRunner:

@@ -20,7 +20,9 @@ public web server instead:
   a large object); bigger is 413. The body must be UTF-8 JSON of standard numbers (400 if not);
 - idle and slow connections are closed, and at most ``max_connections`` are open (see the
   constants below and ``_Connections``); each costs little while it has sent no request (``_TLS``);
-- TLS 1.2 or newer with AEAD ciphers and forward secrecy only (``_harden``).
+- TLS 1.2 or newer with AEAD ciphers and forward secrecy only (``_harden``);
+- stopping, it drains the API server's keep-alive connections (``Connection: close`` on each
+  answer) before closing what is left idle, so a rollout fails no admission (``_drain``).
 """
 from __future__ import annotations
 
