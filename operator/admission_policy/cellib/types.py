@@ -43,8 +43,9 @@ class Opaque:
     message: Any   # the generated message class
 
     def of(self, state: str) -> Any:
-        """A CEL value of this type whose canonical text is ``state``."""
-        return self.message(state=state)
+        """A CEL value of this type whose canonical text is ``state``: the same message for the
+        same text (``_interned``), as a library function's results leak a reference."""
+        return _interned(self.message, state)
 
     def is_value(self, value: Any) -> bool:
         """Whether a value from CEL is of this type (a ``dyn`` argument may be anything)."""
@@ -54,6 +55,19 @@ class Opaque:
     def state(value: Any) -> str:
         """The canonical text a value was built from (``of``), for the library to decode."""
         return str(value.state)
+
+
+# cel-expr-python 0.1.3 keeps one reference to every message a Python function returns to CEL
+# (and leaks the copy it makes of every message argument it passes to one), so a message built
+# per call would stay in memory for ever: ~1 KB per request for a policy comparing quantities.
+# Values are immutable here, so one message per distinct text serves every call; what is leaked
+# is then a reference count, and a message per distinct value, not per call.
+_INTERNED_VALUES: Final = 65_536
+
+
+@functools.lru_cache(maxsize=_INTERNED_VALUES)
+def _interned(message: Any, state: str) -> Any:
+    return message(state=state)
 
 
 @functools.cache
