@@ -65,7 +65,7 @@ class PolicySet:
         """A new set with this policy added or replacing the one of the same name."""
         policies, indexes = dict(self._policies), dict(self._indexes)
         old = policies.get(policy.name)
-        for namespace in {_namespace(policy), *((_namespace(old),) if old else ())}:
+        for namespace in {_namespace(one) for one in (policy, old) if one is not None}:
             indexes[namespace] = dict(indexes.get(namespace, {}))   # copied: the old set keeps its own
         if old is not None:
             _discard(indexes, old)

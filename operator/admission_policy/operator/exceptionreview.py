@@ -72,7 +72,7 @@ def stamp(request: AdmissionRequest, now: float, *, may_approve: bool) -> Stamp:
         record = {CREATED_BY: user, CREATED_AT: format_time(now), SPEC_CHANGED_BY: user}
     else:   # kept as they were: a later writer is not the creator
         record = {key: old.get(key) for key in CREATION}
-        record[SPEC_CHANGED_BY] = user if _spec_changed(request) else old.get(SPEC_CHANGED_BY)
+        record[SPEC_CHANGED_BY] = _spec_author(request, old)
     wanted = dict(new)
     warnings = []
     for key, value in record.items():
@@ -131,7 +131,7 @@ def refusal(request: AdmissionRequest, now: float, *, may_approve: bool) -> str:
         return f"the approval was not recorded: {_UNSTAMPED}"
     if any(new.get(key) != old.get(key) for key in CREATION):
         return f"{CREATED_BY} and {CREATED_AT} record who created the exception, and cannot change"
-    if new.get(SPEC_CHANGED_BY) != (user if _spec_changed(request) else old.get(SPEC_CHANGED_BY)):
+    if new.get(SPEC_CHANGED_BY) != _spec_author(request, old):
         return f"{SPEC_CHANGED_BY} records who last changed the spec: {_UNSTAMPED}"
     if _approval_written(new, old):
         recorded = (new.get(APPROVED_BY) == user and new.get(APPROVED_GENERATION) == str(_generation(request.object))
@@ -154,13 +154,23 @@ def _may_record_approval(request: AdmissionRequest) -> bool:
             and _user(request) not in {old.get(CREATED_BY), old.get(SPEC_CHANGED_BY)})
 
 
+def _spec_author(request: AdmissionRequest, old: Mapping[str, str]) -> str | None:
+    """Who the record says last changed the spec once this UPDATE is stored."""
+    return _user(request) if _spec_changed(request) else old.get(SPEC_CHANGED_BY)
+
+
 def _self_approval(request: AdmissionRequest) -> str:
     return (f"{_user(request)} created this exception or last changed its spec, and an approval counts only "
             f"from someone else (four eyes): another approver runs `{_approve_command(request)}`")
 
 
 def _approve_command(request: AdmissionRequest) -> str:
-    return f"kubectl annotate ape -n {request.namespace} {request.name} {APPROVE}=true"
+    return approve_command(request.namespace, request.name)
+
+
+def approve_command(namespace: str, name: str) -> str:
+    """How an approver approves the exception ``namespace/name``."""
+    return f"kubectl annotate ape -n {namespace} {name} {APPROVE}=true"
 
 
 def _not_an_approver(request: AdmissionRequest) -> str:

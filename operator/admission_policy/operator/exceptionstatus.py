@@ -30,7 +30,7 @@ from kubernetes_asyncio import client
 from .. import api
 from ..policyexception import KIND, PLURAL, PolicyException, check_exception, format_time
 from .conditions import Condition, condition_entry
-from .exceptionreview import APPROVE
+from .exceptionreview import approve_command
 from .state import Operator
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def _approved(exception: PolicyException, requiring: list[str]) -> Condition:
     authors = " or ".join(sorted(record.authors))
     who = f"someone allowed to approve other than {authors}" if authors else "someone allowed to approve"
     how = (f"required by AdmissionPolicy {', '.join(requiring)}: {who} runs "
-           f"`kubectl annotate ape -n {exception.namespace} {exception.name} {APPROVE}=true`")
+           f"`{approve_command(exception.namespace, exception.name)}`")
     if record.self_approved:   # the webhook refuses it; an older operator did not
         return Condition(APPROVED, "False", "SelfApproved", f"approved by {record.approved_by}, who created it "
                                                             f"or last changed its spec; an approval by someone "

@@ -149,10 +149,8 @@ class AdmissionStats:
             requests.add_metric(list(labels), count)
         latency = HistogramMetricFamily("admission_policy_evaluation_seconds", "Time the engine takes to decide "
                                         "a request.", labels=["webhook"])
-        bounds = [*map(str, BUCKETS), "+Inf"]
         for webhook, counts in self.latency.items():
-            cumulative = zip(bounds, itertools.accumulate(counts), strict=True)
-            latency.add_metric([webhook], list(cumulative), self.latency_sum[webhook])
+            latency.add_metric([webhook], _cumulative(BUCKETS, counts), self.latency_sum[webhook])
         errors = CounterMetricFamily("admission_policy_evaluation_errors", "CEL evaluation errors by policy.",
                                      labels=["policy"])
         for policy, count in self.errors.items():
@@ -164,8 +162,7 @@ class AdmissionStats:
         plugin_latency = HistogramMetricFamily("admission_policy_plugin_seconds", "Time one plugin call takes.",
                                                labels=["plugin"])
         for plugin, counts in self.plugin_latency.items():
-            cumulative = zip(bounds, itertools.accumulate(counts), strict=True)
-            plugin_latency.add_metric([plugin], list(cumulative), self.plugin_latency_sum[plugin])
+            plugin_latency.add_metric([plugin], _cumulative(BUCKETS, counts), self.plugin_latency_sum[plugin])
         gates = GaugeMetricFamily("admission_policy_feature_gate", "1 when a feature gate is on, by gate and stage.",
                                   labels=["name", "stage"])
         for gate, enabled in features.current().items():
@@ -186,6 +183,11 @@ class AdmissionStats:
         for state in ("Active", "PendingApproval", "Invalid", "Expired"):
             states.add_metric([state], tally[state])
         return iter((requests, latency, errors, calls, plugin_latency, gates, installed, exempted, states))
+
+
+def _cumulative(buckets: tuple[float, ...], counts: list[int]) -> list[tuple[str, int]]:
+    """A histogram's samples as Prometheus wants them: per upper bound, the count at or below it."""
+    return list(zip([*map(str, buckets), "+Inf"], itertools.accumulate(counts), strict=True))
 
 
 STATS = AdmissionStats()
@@ -216,8 +218,7 @@ class LoopLag:
         family = HistogramMetricFamily("admission_policy_event_loop_lag_seconds", "How late the event loop runs "
                                        f"a timer, sampled every {LAG_INTERVAL:g} s: what every request waits on top "
                                        "of its own work.")
-        bounds = [*map(str, LAG_BUCKETS), "+Inf"]
-        family.add_metric([], list(zip(bounds, itertools.accumulate(self.counts), strict=True)), self.total)
+        family.add_metric([], _cumulative(LAG_BUCKETS, self.counts), self.total)
         yield family
 
 
