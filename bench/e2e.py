@@ -146,14 +146,14 @@ def setup(bench: Bench) -> None:
 
 def scenario_vap(bench: Bench) -> None:
     print("\n== vap: ValidatingAdmissionPolicy with the same Pod Security checks (bench/pss-vap.yaml)", flush=True)
-    for path, body in vap.objects():
+    for path, body in vap.objects(bench.plane.version):
         bench.api.create(path, body)
     checks = bench.wait_enforced(True, "the VAP to deny the non-compliant Pod and admit the compliant ones")
     bench.info["vap_checks"] = checks
     print(f"   enforced: non-compliant Pod HTTP {checks['noncompliant_pod']}, compliant Pod {checks['pod']},"
           f" Deployment {checks['deployment']}", flush=True)
     bench.measure("vap", bench.pids(), expect_denials=True)
-    for path, body in reversed(vap.objects()):
+    for path, body in reversed(vap.objects(bench.plane.version)):
         bench.api.delete(f"{path}/{body['metadata']['name']}")
     bench.wait_enforced(False, "the VAP to be gone")
 
@@ -253,7 +253,7 @@ def scenario_generated(bench: Bench) -> None:
 def run_all(plan: Plan, assets: pathlib.Path, workdir: pathlib.Path, info: dict[str, Any]) -> dict[str, Any]:
     started = time.monotonic()
     with (workdir / "children.log").open("w") as log, contextlib.ExitStack() as stack:
-        plane = ControlPlane(assets, workdir=workdir / "plane", apiserver_args=vap.APISERVER_FLAGS)
+        plane = ControlPlane(assets, workdir=workdir / "plane")   # the VAP served as its version needs
         (workdir / "plane").mkdir()
         stack.callback(plane.stop)
         print(f"== starting the control plane from {assets}", flush=True)

@@ -2,7 +2,8 @@
 
 Rendered once for Pods and once for Deployments (the Pod template), since 1.28's type checker
 gives a Pod's spec and a template's spec different types; each with a binding that denies. The
-API server needs ``APISERVER_FLAGS`` to serve them.
+control plane serves them as it starts (tests/e2e/envtest.py turns on what its version needs):
+``admissionregistration.k8s.io/v1beta1`` on 1.28-1.29, ``v1`` from 1.30, :func:`objects` picks it.
 """
 from __future__ import annotations
 
@@ -12,11 +13,7 @@ import yaml
 
 from common import BENCH
 
-APISERVER_FLAGS: Final = ("--feature-gates=ValidatingAdmissionPolicy=true",
-                          "--runtime-config=admissionregistration.k8s.io/v1beta1=true")
-API: Final = "/apis/admissionregistration.k8s.io/v1beta1"
-POLICIES: Final = f"{API}/validatingadmissionpolicies"
-BINDINGS: Final = f"{API}/validatingadmissionpolicybindings"
+GROUP: Final = "admissionregistration.k8s.io"
 
 # kind → (rule, where its Pod spec is, where its Pod metadata is)
 TARGETS: Final = {
@@ -28,22 +25,31 @@ TARGETS: Final = {
 }
 
 
-def policy(kind: str) -> dict[str, Any]:
+def api_version(version: tuple[int, int]) -> str:
+    """``admissionregistration.k8s.io/v1beta1`` (1.28, 1.29) or ``.../v1`` (1.30+) for a plane of ``version``."""
+    return f"{GROUP}/{'v1beta1' if version < (1, 30) else 'v1'}"
+
+
+def policy(kind: str, version: tuple[int, int] = (1, 28)) -> dict[str, Any]:
     rule, spec, meta = TARGETS[kind]
     text = (BENCH / "pss-vap.yaml").read_text()
     text = (text.replace("OLDSPEC", "old" + spec[0].upper() + spec[1:]).replace("SPEC", spec)
             .replace("META", meta).replace("KIND", kind))
     body: dict[str, Any] = yaml.safe_load(text)
+    body["apiVersion"] = api_version(version)
     body["spec"]["matchConstraints"]["resourceRules"] = [rule]
     return body
 
 
-def binding(kind: str) -> dict[str, Any]:
-    return {"apiVersion": "admissionregistration.k8s.io/v1beta1", "kind": "ValidatingAdmissionPolicyBinding",
+def binding(kind: str, version: tuple[int, int] = (1, 28)) -> dict[str, Any]:
+    return {"apiVersion": api_version(version), "kind": "ValidatingAdmissionPolicyBinding",
             "metadata": {"name": f"bench-pss-{kind}"},
             "spec": {"policyName": f"bench-pss-{kind}", "validationActions": ["Deny"]}}
 
 
-def objects() -> list[tuple[str, dict[str, Any]]]:
-    """(collection path, body) of every object to create, policies before their bindings."""
-    return ([(POLICIES, policy(kind)) for kind in TARGETS] + [(BINDINGS, binding(kind)) for kind in TARGETS])
+def objects(version: tuple[int, int]) -> list[tuple[str, dict[str, Any]]]:
+    """(collection path, body) of every object to create on a plane of ``version`` (``ControlPlane.version``),
+    policies before their bindings."""
+    api = f"/apis/{api_version(version)}"
+    return ([(f"{api}/validatingadmissionpolicies", policy(kind, version)) for kind in TARGETS]
+            + [(f"{api}/validatingadmissionpolicybindings", binding(kind, version)) for kind in TARGETS])

@@ -3,8 +3,8 @@
     KUBEBUILDER_ASSETS=... python bench/vap_check.py
 
 The e2e bench compares the operator's cost with a ValidatingAdmissionPolicy's, which only means
-something if both enforce the same rules. This starts an envtest control plane with the VAP gate
-on, loads the VAP, and dry-run creates every object of the CREATE cases in
+something if both enforce the same rules. This starts an envtest control plane (the VAP served
+as its version needs), loads the VAP, and dry-run creates every object of the CREATE cases in
 examples/pod-security-{baseline,restricted}/test.yaml (Pods, and Deployments: what the VAP
 covers), then prints each case where the VAP's answer differs from the one the examples expect
 of the operator. Objects the API server itself refuses (e.g. a Pod created with ephemeral
@@ -60,12 +60,15 @@ def main() -> None:
     if not assets:
         sys.exit("error: set KUBEBUILDER_ASSETS (see tests/e2e/README.md)")
     with tempfile.TemporaryDirectory(prefix="ap-vap-check-") as workdir:
-        plane = ControlPlane(pathlib.Path(assets), workdir=pathlib.Path(workdir), apiserver_args=vap.APISERVER_FLAGS)
+        try:
+            plane = ControlPlane(pathlib.Path(assets), workdir=pathlib.Path(workdir))
+        except ControlPlaneError as exc:
+            sys.exit(f"error: {exc}")
         try:
             plane.start()
             api = Api(plane.kubeconfig)
             api.ensure_namespace(NAMESPACE)
-            for path, body in vap.objects():
+            for path, body in vap.objects(plane.version):
                 api.create(path, body)
             api.wait("the VAP to deny", lambda: decide(api, yaml.safe_load(
                 (EXAMPLES / "pod-security-baseline" / "pods" / "privileged.yaml").read_text())) == "denied")

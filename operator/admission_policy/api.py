@@ -67,6 +67,7 @@ ACCEPTED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "spec": frozenset({
         "description", "enforcement", "failurePolicy", "match", "podControllers", "paramKind", "paramRef",
         "context", "variables", "validations", "mutations", "reportAdmission", "exceptions", "reinvocationPolicy",
+        "native",
     }),
     "spec.exceptions": frozenset({"allowed", "maxDuration", "approval"}),
     "spec.paramKind": frozenset({"apiVersion", "kind"}),
@@ -91,7 +92,11 @@ ACCEPTED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "spec.mutations[]": frozenset({"name", "condition", "jsonPatch", "merge", "mergeMode", "plugin"}),
     "spec.mutations[].plugin": frozenset({"name", "config"}),
     "spec.mutations[].jsonPatch[]": frozenset({"op", "path", "from", "value", "valueExpression"}),
-    "status": frozenset({"phase", "observedGeneration", "conditions", "podControllers", "audit"}),
+    "status": frozenset({"phase", "observedGeneration", "conditions", "podControllers", "audit", "native"}),
+    "status.native": frozenset({"enforcedBy", "reason", "message", "generation", "handedBack", "objects",
+                                "typeChecking"}),
+    "status.native.objects[]": frozenset({"apiVersion", "kind", "name"}),
+    "status.native.typeChecking[]": frozenset({"object", "fieldRef", "warning"}),
     "status.audit": frozenset({
         "lastScanTime", "scannedGeneration", "objectsScanned", "violations", "errors", "wouldMutate",
         "scanSeconds", "message", "firstViolations",
@@ -333,6 +338,9 @@ class AdmissionPolicy:
     context: tuple[ContextEntry, ...] = ()
     # Audit/Warn failures at admission also go to the audit reports (operator/audit.py).
     report_admission: bool = False
+    # Auto: Kubernetes enforces the policy itself when it can (vap/native.py); Never: the webhook
+    # always does; None: the cluster's default (AP_NATIVE_DEFAULT).
+    native: Literal["Auto", "Never"] | None = None
     exceptions: ExceptionRules = ExceptionRules()
     # IfNeeded: its mutations run again when a later policy changed the object, as the API server
     # reinvokes a webhook or a MutatingAdmissionPolicy with this field (their default: Never).
@@ -442,6 +450,8 @@ def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionP
         mutations=mutations,
         pod_controllers=pod_controllers,
         report_admission=_boolean(spec.get("reportAdmission", False), "spec.reportAdmission"),
+        native=cast(Literal["Auto", "Never"], _enum(spec["native"], "spec.native", ("Auto", "Never")))
+        if spec.get("native") is not None else None,
         exceptions=_parse_exception_rules(spec.get("exceptions")),
         reinvocation_policy=cast(ReinvocationPolicy, _enum(spec.get("reinvocationPolicy", "Never"),
                                                            "spec.reinvocationPolicy", REINVOCATION_POLICIES)),

@@ -11,6 +11,22 @@ teardown ALWAYS runs — also when the setup fails half-way — and removes what
 the cluster, in this order: the e2e's policies (while the operator still runs: their finalizer
 needs it), the operator, both webhook configurations by name, any policy left (finalizer
 forced off), the e2e's namespaces; a started control plane is stopped last.
+
+The secondary plane: a second envtest control plane of another Kubernetes version, for the tests
+that must hold on both (1.28's ValidatingAdmissionPolicy ``v1beta1``; 1.32's ``v1`` and
+MutatingAdmissionPolicy ``v1alpha1``). Started only when a test asks for it — ``secondary_plane``,
+``secondary_cluster``, ``secondary_operator``, or ``native_target`` with its ``secondary`` param —
+from ``$E2E_SECONDARY_ASSETS``, else from the shared envtest bundle of the other version (1.32, or
+1.28 when the primary is 1.32). Its operator is set up and torn down as the primary's. When it
+cannot be started, its tests skip with one line saying why, and fail under ``CI=true``.
+
+A module runs its tests on both planes with ``native_target`` (a :class:`e2e_kube.Target`:
+cluster, operator, version), and ``target_namespace``/``target_policies`` on that plane::
+
+    def test_something(native_target: Target, target_namespace: Callable[..., str]) -> None:
+        cluster, operator, version = native_target
+
+Only on one plane: ``@pytest.mark.parametrize("native_target", ["secondary"], indirect=True)``.
 """
 from __future__ import annotations
 
@@ -18,7 +34,9 @@ import contextlib
 import functools
 import os
 import pathlib
+import subprocess
 from collections.abc import Callable, Generator, Iterator, Mapping
+from typing import NoReturn
 
 import pykube
 import pytest
@@ -32,15 +50,34 @@ from e2e_kube import (
     E2ESettings,
     OperatorProcess,
     Policies,
+    Target,
     ValidatingWebhookConfiguration,
     eventually,
     unique,
 )
-from envtest import VALIDATING_ADMISSION_POLICY_ARGS, ControlPlane, ControlPlaneError
+from envtest import ControlPlane, ControlPlaneError, binary_version, minor_version
 from traffic import REPORTED
 
 E2E_DIR = pathlib.Path(__file__).resolve().parent
 OPERATOR_KEY = pytest.StashKey[OperatorProcess]()
+SECONDARY_OPERATOR_KEY = pytest.StashKey[OperatorProcess]()
+SECONDARY_KEY = pytest.StashKey[str]()   # "v1.32.0-beta.0 from /path", for the summary line
+# The shared envtest bundle next to the repository (only the harness may locate it): install.sh
+# [VERSION] installs one and prints its directory.
+ENVTEST_INSTALL = E2E_DIR.parents[2] / "shared" / "envtest" / "install.sh"
+SECONDARY_HINT = ("E2E_SECONDARY_ASSETS=<a directory of etcd, kube-apiserver, kube-controller-manager, kubectl "
+                  "of another Kubernetes version> (.ci/run sets it; see tests/e2e/README.md)")
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _unavailable(message: str) -> NoReturn:
+    """Skip with one line; under CI=true, fail instead: CI must run every tier it has."""
+    if _in_ci():
+        pytest.fail(f"CI=true but {message}", pytrace=False)
+    pytest.skip(message)
 
 
 @pytest.fixture(scope="session")
@@ -48,14 +85,12 @@ def control_plane() -> Iterator[ControlPlane | None]:
     """The envtest control plane this session started, or None for an external cluster."""
     source = ClusterSource.from_env()
     if source is None:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"CI=true but the e2e suite has no API server: {SETUP_HINT}", pytrace=False)
-        pytest.skip(f"e2e needs a real API server: {SETUP_HINT}")
+        _unavailable(f"the e2e suite has no API server: {SETUP_HINT}")
     if source.assets is None:
         yield None
         return
     try:
-        plane = ControlPlane(source.assets, apiserver_args=VALIDATING_ADMISSION_POLICY_ARGS)
+        plane = ControlPlane(source.assets)   # admission policies on, as the binaries' version needs
         plane.start()
     except ControlPlaneError as exc:
         pytest.fail(f"cannot start the envtest control plane from KUBEBUILDER_ASSETS={source.assets}: {exc}",
@@ -86,12 +121,17 @@ def cluster(e2e_settings: E2ESettings) -> Cluster:
 def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory,
              request: pytest.FixtureRequest) -> Iterator[OperatorProcess]:
     """The operator, running against the cluster for the whole session."""
+    yield from _session_operator(cluster, tmp_path_factory.mktemp("operator"), request.config.stash, OPERATOR_KEY)
+
+
+def _session_operator(cluster: Cluster, workdir: pathlib.Path, stash: pytest.Stash,
+                      key: pytest.StashKey[OperatorProcess]) -> Iterator[OperatorProcess]:
+    """An operator against ``cluster`` until the generator is closed, then the cleanup (module docstring)."""
     _preflight(cluster)
-    workdir = tmp_path_factory.mktemp("operator")
     (workdir / "certs").mkdir()
     op = OperatorProcess(cluster, workdir / "operator.log", workdir / "certs")
     op.check_no_leftover()
-    request.config.stash[OPERATOR_KEY] = op
+    stash[key] = op
     stuck: list[str] = []
     with contextlib.ExitStack() as teardown:
         # Callbacks run last-registered first, each even if an earlier one failed.
@@ -120,6 +160,10 @@ def policies(cluster: Cluster, operator: OperatorProcess) -> Iterator[Policies]:
 @pytest.fixture
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
     """``namespace(labels)`` → the name of a fresh namespace for this test, deleted afterwards."""
+    yield from _namespaces(cluster, request)
+
+
+def _namespaces(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
     created: list[str] = []
 
     def make(labels: Mapping[str, str] | None = None) -> str:
@@ -132,6 +176,100 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Call
     yield make
     for name in created:
         cluster.delete(pykube.Namespace, name)
+
+
+# --- the secondary plane: another Kubernetes version, started on demand ------------------------------------
+
+def _secondary_assets() -> pathlib.Path:
+    """``$E2E_SECONDARY_ASSETS``, else the shared bundle of the version the primary is not (install.sh)."""
+    assets = os.environ.get("E2E_SECONDARY_ASSETS", "").strip()
+    if assets:
+        return pathlib.Path(assets).expanduser()
+    if not os.access(ENVTEST_INSTALL, os.X_OK):
+        _unavailable(f"the tests on a second control plane have none: {SECONDARY_HINT}")
+    primary = ClusterSource.from_env()
+    wanted = "1.32"
+    if primary is not None and primary.assets is not None:
+        with contextlib.suppress(ControlPlaneError, ValueError):
+            if minor_version(binary_version(primary.assets)) >= (1, 32):
+                wanted = "1.28"
+    result = subprocess.run([str(ENVTEST_INSTALL), wanted], capture_output=True, text=True, timeout=600, check=False)
+    if result.returncode != 0 or not result.stdout.strip():
+        _unavailable(f"the second control plane cannot be installed ({ENVTEST_INSTALL} {wanted} exited "
+                     f"{result.returncode}: {result.stderr.strip()[-300:]}); or set {SECONDARY_HINT}")
+    return pathlib.Path(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def secondary_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    """A second envtest control plane, of another version than the primary's (see the module docstring)."""
+    assets = _secondary_assets()
+    try:
+        plane = ControlPlane(assets)
+        plane.start()
+    except ControlPlaneError as exc:
+        _unavailable(f"the second control plane cannot start from {assets}: {exc}")
+    request.config.stash[SECONDARY_KEY] = f"{plane.git_version} from {assets}"
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def secondary_cluster(secondary_plane: ControlPlane) -> Cluster:
+    """The secondary plane's :class:`Cluster`: the CRDs applied, the operator's namespace created."""
+    settings = E2ESettings.from_env(secondary_plane.kubeconfig, kubectl=str(secondary_plane.kubectl))
+    cluster = Cluster(settings)
+    cluster.check_reachable()
+    cluster.apply_crd()
+    cluster.create_namespace(settings.operator_namespace)
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def secondary_operator(secondary_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory,
+                       request: pytest.FixtureRequest) -> Iterator[OperatorProcess]:
+    """The operator against the secondary plane, set up and torn down as the session's ``operator``."""
+    yield from _session_operator(secondary_cluster, tmp_path_factory.mktemp("secondary-operator"),
+                                 request.config.stash, SECONDARY_OPERATOR_KEY)
+
+
+@pytest.fixture(params=["primary", "secondary"])
+def native_target(request: pytest.FixtureRequest) -> Target:
+    """Each test twice: on the session's cluster and on the secondary plane (started on first use).
+    The version is the control plane's binaries' (an external cluster's: its /version)."""
+    if request.param == "primary":
+        plane: ControlPlane | None = request.getfixturevalue("control_plane")
+        cluster: Cluster = request.getfixturevalue("cluster")
+        operator: OperatorProcess = request.getfixturevalue("operator")
+        version = plane.version if plane is not None else _server_version(cluster)
+        return Target(cluster, operator, version)
+    if request.param == "secondary":
+        secondary: ControlPlane = request.getfixturevalue("secondary_plane")
+        return Target(request.getfixturevalue("secondary_cluster"), request.getfixturevalue("secondary_operator"),
+                      secondary.version)
+    raise ValueError(f"native_target: unknown plane {request.param!r} (primary, secondary)")
+
+
+@pytest.fixture
+def target_namespace(native_target: Target, request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
+    """``namespace`` on the ``native_target``'s cluster."""
+    yield from _namespaces(native_target.cluster, request)
+
+
+@pytest.fixture
+def target_policies(native_target: Target) -> Iterator[Policies]:
+    """``policies`` on the ``native_target``'s cluster (enforced by its operator)."""
+    applied = Policies(native_target.cluster)
+    yield applied
+    applied.delete_all()
+
+
+def _server_version(cluster: Cluster) -> tuple[int, int]:
+    response = cluster.api.session.get(f"{cluster.api.url}/version", timeout=10)
+    response.raise_for_status()
+    return minor_version(response.json()["gitVersion"])
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -147,6 +285,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(f"e2e tests without an API server ({text}); to run them: {SETUP_HINT}")
             return
         against = f"an envtest control plane from {source.assets}" if source.assets else str(source.kubeconfig)
+        secondary = terminalreporter.config.stash.get(SECONDARY_KEY, None)
+        if secondary:
+            against += f" and a secondary plane ({secondary})"
         terminalreporter.write_line(f"e2e tests against {against}: {text}")
     for figures in REPORTED:   # the reliability scenarios' figures (issue 12)
         terminalreporter.write_line(figures.line())
@@ -157,8 +298,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
                               ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """A failing e2e test shows the operator's log tail in its report."""
     report = yield
+    if not report.failed or E2E_DIR not in item.path.parents:
+        return report
     op = item.config.stash.get(OPERATOR_KEY, None)
-    if report.failed and op is not None and E2E_DIR in item.path.parents:
+    secondary = item.config.stash.get(SECONDARY_OPERATOR_KEY, None)
+    callspec = getattr(item, "callspec", None)
+    on_secondary = ("secondary_operator" in getattr(item, "fixturenames", ())
+                    or (callspec is not None and callspec.params.get("native_target") == "secondary"))
+    if on_secondary and secondary is not None:
+        report.sections.append((f"secondary operator log ({secondary.log_path}), last lines", secondary.log_tail()))
+    elif op is not None:
         report.sections.append((f"operator log ({op.log_path}), last lines", op.log_tail()))
     return report
 

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import pykube
 import pytest
@@ -322,6 +322,12 @@ class Cluster:
             kwargs["headers"] = {"Content-Type": content_type}
         return Answer.of(method, self.api.request(method, **kwargs))
 
+    def raw(self, method: str, path: str, *, params: Mapping[str, str] | None = None, body: Any = None) -> Answer:
+        """A call on any API path (kinds pykube has no class for, discovery)."""
+        response = self.api.session.request(method, self.api.url + path, params=dict(params or {}),
+                                            json=body, timeout=30)
+        return Answer.of(method, response)
+
     def create(self, cls: type[APIObject], body: Mapping[str, Any], *, dry_run: bool = False) -> Answer:
         namespace = (body.get("metadata") or {}).get("namespace")
         return self.call("POST", cls, namespace=namespace, body=body,
@@ -486,6 +492,14 @@ def unique(prefix: str, limit: int = 63) -> str:
 
 # --- the operator process -----------------------------------------------------------------------------------
 
+class Target(NamedTuple):
+    """One control plane a test runs on (conftest's ``native_target``): its cluster, the operator
+    running against it, and its Kubernetes version, e.g. ``(1, 28)``."""
+    cluster: Cluster
+    operator: OperatorProcess
+    version: tuple[int, int]
+
+
 class OperatorProcess:
     """``kopf run -m admission_policy.operator.handlers --all-namespaces --standalone`` on this host."""
 
@@ -516,6 +530,9 @@ class OperatorProcess:
             # No background audit unless a test asks for it (test_e2e_audit.py): its status and
             # report writes would otherwise race what the other tests read.
             "AP_AUDIT_INTERVAL": "0",
+            # The webhooks judge every policy unless it says spec.native: Auto (test_e2e_native.py):
+            # the other tests assert the operator's own answers, worded as it words them.
+            "AP_NATIVE_DEFAULT": "Never",
             **(env or {}),
         }
         self.process: subprocess.Popen[bytes] | None = None

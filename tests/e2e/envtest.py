@@ -10,6 +10,11 @@ and nothing garbage-collects.
 Everything is fresh per start: free ports, a temporary data directory, certificates made with
 ``cryptography``. :meth:`ControlPlane.stop` kills every process and removes the directory; it is
 safe to call twice and after a failed start.
+
+The admission policies are on by default, with the flags the binaries' version needs
+(:func:`admission_policy_flags`; ``kube-apiserver --version`` says which, :attr:`ControlPlane.version`):
+ValidatingAdmissionPolicy everywhere (``v1beta1`` behind its gate on 1.28, ``v1`` on 1.30+) and
+MutatingAdmissionPolicy from 1.32 (``v1alpha1`` behind its gate).
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import datetime
 import ipaddress
 import os
 import pathlib
+import re
 import shutil
 import signal
 import ssl
@@ -39,10 +45,6 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from ports import free_ports
 
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
-# ValidatingAdmissionPolicy is beta in 1.28, off by default: the parity test compares our policies
-# with native ones on the same API server (1.30+ serves admissionregistration.k8s.io/v1 without these).
-VALIDATING_ADMISSION_POLICY_ARGS = ("--feature-gates=ValidatingAdmissionPolicy=true",
-                                    "--runtime-config=admissionregistration.k8s.io/v1beta1=true")
 START_TIMEOUT = 120.0
 PR_SET_PDEATHSIG = 1
 
@@ -59,6 +61,83 @@ def die_with_parent() -> None:
 
 def missing_binaries(assets: pathlib.Path) -> list[str]:
     return [name for name in BINARIES if not os.access(assets / name, os.X_OK)]
+
+
+# --- versions and the flags that turn the admission policies on ---------------------------------------------
+
+_VERSION = re.compile(r"\bv(\d+)\.(\d+)\.\d+\S*")
+_VERSIONS: dict[tuple[str, int], str] = {}   # (binary, its mtime) -> "v1.28.7": asked once per process
+
+
+def binary_version(assets: pathlib.Path) -> str:
+    """``kube-apiserver --version`` of these assets, e.g. ``v1.32.0-beta.0`` (cached)."""
+    binary = assets / "kube-apiserver"
+    try:
+        key = (str(binary.resolve()), binary.stat().st_mtime_ns)
+    except OSError as exc:
+        raise ControlPlaneError(f"cannot read {binary}: {exc}") from None
+    if key not in _VERSIONS:
+        try:
+            result = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30,
+                                    check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ControlPlaneError(f"{binary} --version failed: {exc}") from None
+        found = _VERSION.search(result.stdout)
+        if result.returncode != 0 or found is None:
+            raise ControlPlaneError(f"{binary} --version exited {result.returncode} without a version: "
+                                    f"{(result.stdout + result.stderr).strip()[:300]!r}")
+        _VERSIONS[key] = found.group(0)
+    return _VERSIONS[key]
+
+
+def minor_version(git_version: str) -> tuple[int, int]:
+    """``v1.32.0-beta.0`` -> ``(1, 32)``."""
+    found = _VERSION.search(git_version)
+    if found is None:
+        raise ValueError(f"not a Kubernetes version: {git_version!r}")
+    return int(found.group(1)), int(found.group(2))
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmissionPolicyFlags:
+    """The flags that turn the admission policies on: kube-apiserver's, kube-controller-manager's."""
+    apiserver: tuple[str, ...] = ()
+    controller_manager: tuple[str, ...] = ()
+
+
+NO_FLAGS = AdmissionPolicyFlags()
+
+
+def admission_policy_flags(version: tuple[int, int]) -> AdmissionPolicyFlags:
+    """What a control plane of ``version`` needs to serve and run every admission policy it has.
+
+    1.26-1.29: ValidatingAdmissionPolicy behind its gate (``v1alpha1``, ``v1beta1`` from 1.28), off
+    by default; kube-controller-manager needs the gate too, or its type-checking controller
+    (``status.typeChecking``) does not run. 1.30-1.31: ``v1``, on; no flag is needed. From 1.32:
+    MutatingAdmissionPolicy ``v1alpha1`` behind its gate (ValidatingAdmissionPolicy's gate is gone:
+    naming it fails the start); kube-controller-manager accepts the gate but has no controller of
+    it, it gets the gate all the same, so both components agree. Tested with 1.28 and 1.32; a newer
+    version gets 1.32's flags (override them with ``ControlPlane(admission_policies=...)`` if its
+    binaries refuse them).
+    """
+    if version < (1, 26):
+        return NO_FLAGS
+    if version < (1, 30):
+        api = "v1alpha1" if version < (1, 28) else "v1beta1"
+        gate = "--feature-gates=ValidatingAdmissionPolicy=true"
+        return AdmissionPolicyFlags((gate, f"--runtime-config=admissionregistration.k8s.io/{api}=true"), (gate,))
+    if version < (1, 32):
+        return NO_FLAGS
+    gate = "--feature-gates=MutatingAdmissionPolicy=true"
+    return AdmissionPolicyFlags((gate, "--runtime-config=admissionregistration.k8s.io/v1alpha1=true"), (gate,))
+
+
+def validating_admission_policy_api(version: tuple[int, int]) -> str:
+    """The group version ValidatingAdmissionPolicies are served at with :func:`admission_policy_flags`."""
+    if version < (1, 26):
+        raise ValueError(f"Kubernetes {version[0]}.{version[1]} has no ValidatingAdmissionPolicy")
+    return "admissionregistration.k8s.io/" + ("v1alpha1" if version < (1, 28) else
+                                              "v1beta1" if version < (1, 30) else "v1")
 
 
 # --- certificates ------------------------------------------------------------------------------------------
@@ -161,14 +240,24 @@ class ControlPlane:
     """etcd, kube-apiserver and kube-controller-manager; :attr:`kubeconfig` is an admin's."""
 
     def __init__(self, assets: pathlib.Path, *, workdir: pathlib.Path | None = None,
-                 apiserver_args: Sequence[str] = ()) -> None:
-        """``apiserver_args``: extra kube-apiserver flags (the e2e session and the bench turn on
-        1.28's ValidatingAdmissionPolicy gate with them, to compare against it)."""
+                 apiserver_args: Sequence[str] = (), controller_manager_args: Sequence[str] = (),
+                 admission_policies: bool | AdmissionPolicyFlags = True) -> None:
+        """``admission_policies``: True (the default) passes :func:`admission_policy_flags` of the
+        binaries' version, False none (the binaries' defaults), an :class:`AdmissionPolicyFlags`
+        exactly those. ``apiserver_args``, ``controller_manager_args``: extra flags, after those
+        (a repeated ``--feature-gates`` or ``--runtime-config`` adds to the earlier ones)."""
         missing = missing_binaries(assets)
         if missing:
-            raise ControlPlaneError(f"KUBEBUILDER_ASSETS={assets} lacks {', '.join(missing)} "
+            raise ControlPlaneError(f"the assets directory {assets} lacks {', '.join(missing)} "
                                     f"(expected {', '.join(BINARIES)})")
         self.assets = assets
+        self.git_version = binary_version(assets)   # "v1.32.0-beta.0"
+        self.version = minor_version(self.git_version)   # (1, 32)
+        if admission_policies is True:
+            admission_policies = admission_policy_flags(self.version)
+        elif admission_policies is False:
+            admission_policies = NO_FLAGS
+        self.admission_policy_flags: AdmissionPolicyFlags = admission_policies
         self._own_workdir = workdir is None
         self.workdir = workdir or pathlib.Path(tempfile.mkdtemp(prefix="envtest-"))
         self.kubeconfig = self.workdir / "admin.kubeconfig"
@@ -180,7 +269,8 @@ class ControlPlane:
         self._controller_port = controller_port
         self._processes: list[_Process] = []
         self._pki: _Pki | None = None
-        self._apiserver_args = list(apiserver_args)
+        self._apiserver_args = [*admission_policies.apiserver, *apiserver_args]
+        self._controller_manager_args = [*admission_policies.controller_manager, *controller_manager_args]
 
     # -- public -----------------------------------------------------------------------------------
 
@@ -262,6 +352,7 @@ class ControlPlane:
             "--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-service,-route,"
             "-persistentvolume-binder,-attachdetach",
             f"--cluster-signing-cert-file={pki.ca_crt}", f"--cluster-signing-key-file={pki.ca_key}",
+            *self._controller_manager_args,
         ])
         self._wait(lambda: self._get("/api/v1/namespaces/default/serviceaccounts/default") is not None,
                    "the ServiceAccount default/default (made by kube-controller-manager)", "kube-controller-manager")
@@ -357,12 +448,13 @@ def main() -> None:
         raise SystemExit("set KUBEBUILDER_ASSETS to a directory holding " + ", ".join(BINARIES)
                          + ' (here: export KUBEBUILDER_ASSETS="$(../shared/envtest/install.sh)")')
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="envtest-"))
-    plane = ControlPlane(pathlib.Path(assets), workdir=workdir, apiserver_args=VALIDATING_ADMISSION_POLICY_ARGS)
     try:
+        plane = ControlPlane(pathlib.Path(assets), workdir=workdir)
         plane.start()
     except ControlPlaneError as exc:
+        shutil.rmtree(workdir, ignore_errors=True)
         raise SystemExit(f"cannot start the control plane: {exc}") from None
-    print(f"API server {plane.server} is ready; in another terminal:\n"
+    print(f"API server {plane.server} ({plane.git_version}) is ready; in another terminal:\n"
           f"  export KUBECONFIG={plane.kubeconfig}\n  export PATH={plane.assets}:$PATH   # its kubectl\n"
           "Ctrl-C stops it and removes its data.", flush=True)
     try:

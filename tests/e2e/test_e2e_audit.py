@@ -109,8 +109,9 @@ def test_existing_objects_are_audited_into_status_and_reports_and_cleared_when_f
 
             # kubectl get ap: the VIOLATIONS column.
             table = cluster.kubectl("get", "ap", policy).stdout.splitlines()
-            assert table[0].split()[:4] == ["NAME", "ENFORCEMENT", "PHASE", "VIOLATIONS"], table
-            assert table[1].split()[:4] == [policy, "Audit", "Active", "4"], table
+            assert table[0].split()[:5] == ["NAME", "ENFORCEMENT", "PHASE", "ENFORCED-BY", "VIOLATIONS"], table
+            row = table[1].split()   # ENFORCED-BY: Webhook (this operator's default), or empty before it is said
+            assert row[:3] == [policy, "Audit", "Active"] and row[3:5] in (["Webhook", "4"], ["4", row[4]]), table
 
             # The Report of the namespace and the ClusterReport, as openreports consumers read them.
             report = eventually(lambda: cluster.get(Report, reports.NAME, ns), lambda a: a.ok and failing(

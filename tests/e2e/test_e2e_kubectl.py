@@ -79,7 +79,7 @@ def test_apply_watch_and_describe(cluster: Cluster, policies: Policies) -> None:
 
     listed = cluster.kubectl("get", "ap", name).stdout
     # VIOLATIONS stays empty until a background scan (off in the session's operator: test_e2e_audit.py).
-    assert listed.splitlines()[0].split() == ["NAME", "ENFORCEMENT", "PHASE", "VIOLATIONS", "AGE"]
+    assert listed.splitlines()[0].split() == ["NAME", "ENFORCEMENT", "PHASE", "ENFORCED-BY", "VIOLATIONS", "AGE"]
     rows = table(listed)
     assert rows[0]["NAME"] == name and rows[0]["ENFORCEMENT"] == "Enforce" and rows[0]["PHASE"] == "Active"
     assert cluster.kubectl("get", "admpol", name, "-o", "name").stdout.strip() == \
@@ -94,7 +94,8 @@ def test_apply_watch_and_describe(cluster: Cluster, policies: Policies) -> None:
     status = describe_section(text, "Status")
     for condition in ("Compiled", "Registered", "Ready"):
         assert re.search(rf"Status:\s+True\s+Type:\s+{condition}\b", status), status
-    assert len(re.findall(r"Observed Generation:\s+1\n", status)) == 4, status   # each condition, and the status
+    # Each condition, and the status; Native too once native enforcement has looked at the policy.
+    assert len(re.findall(r"Observed Generation:\s+1\n", status)) in (4, 5), status
     events = describe_section(text, "Events")
     assert re.search(r"Normal\s+Active\s+.*admission-policy-operator\s+\(new\) → Active", events), events
 

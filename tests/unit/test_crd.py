@@ -52,7 +52,8 @@ def test_crd_names_and_printer_columns() -> None:
     assert version["subresources"] == {"status": {}}
     columns = [(c["name"].title(), c["jsonPath"]) for c in version["additionalPrinterColumns"]]
     assert columns == [("Enforcement", ".spec.enforcement"), ("Phase", ".status.phase"),
-                       ("Violations", ".status.audit.violations"), ("Age", ".metadata.creationTimestamp")]
+                       ("Enforced-By", ".status.native.enforcedBy"), ("Violations", ".status.audit.violations"),
+                       ("Age", ".metadata.creationTimestamp")]
 
 
 def test_crd_enums_match_the_parser() -> None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Collection, Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..api import FailurePolicy
-from ..engine import CompiledPolicy
+from ..engine import CompiledPolicy, PolicySet
 from .discovery import DiscoveredResource
 
 DOMAIN = "policy-operator.dev"
@@ -59,6 +59,18 @@ OWN_CRDS: tuple[str, ...] = (f"admissionpolicies.{DOMAIN}", f"namespacedadmissio
                               f"admissionpolicyexceptions.{DOMAIN}", "clusterkopfpeerings.kopf.dev",
                               "kopfpeerings.kopf.dev")
 NOT_SERVED = "(not served by the cluster)"   # how unserved_resources marks what discovery lacks
+ALL_OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+
+# The matchCondition that keeps the operator's own CRDs from any rule routing CRDs.
+NOT_OWN_CRD = {
+    "name": "not-the-operators-own-crds",
+    "expression": (f"!(request.resource.group == '{CRDS[0]}' && request.resource.resource == '{CRDS[1]}'"
+                   f" && request.name in [{', '.join(repr(name) for name in OWN_CRDS)}])"),
+}
+
+# (group, version, resource-with-optional-subresource) → operations: the routes as discovery expands
+# them, which the webhook configurations and the generated ValidatingAdmissionPolicies both name.
+Atoms = dict[tuple[str, str, str], set[str]]
 
 
 
@@ -88,8 +100,19 @@ def routes(policy: CompiledPolicy, *, derived: bool = True) -> list[RouteRule]:
     ]
 
 
-def all_routes(policies: Iterable[CompiledPolicy]) -> list[RouteRule]:
-    return [route for policy in policies for route in routes(policy)]
+def all_routes(policies: PolicySet) -> list[RouteRule]:
+    """Every policy's routes; a policy Kubernetes enforces (``PolicySet.scoped``) is routed only in
+    the namespaces left to the webhooks."""
+    found = []
+    for policy in policies:
+        scope = policies.scope(policy.name)
+        if scope is None:
+            found += routes(policy)
+            continue
+        for namespace in sorted(scope):
+            found += [dataclasses.replace(route, namespace=namespace) for route in routes(policy)
+                      if route.namespace in ("", namespace)]
+    return found
 
 
 
@@ -243,3 +266,50 @@ def plural(resource: str) -> str:
 
 def _display(group: str, resource: str) -> str:
     return f"{resource}.{group}" if group else resource
+
+
+def admission_rules(atoms: Atoms, scope: str = "*") -> list[dict[str, Any]]:
+    """Group atoms sharing (group, version, operations) into one rule; sorted for stable output."""
+    grouped: dict[tuple[str, str, tuple[str, ...]], set[str]] = {}
+    for (group, version, resource), operations in atoms.items():
+        grouped.setdefault((group, version, _sorted_operations(operations)), set()).add(resource)
+    return [
+        {
+            "apiGroups": [group],
+            "apiVersions": [version],
+            "operations": list(operations),
+            "resources": sorted(resources),
+            "scope": scope,
+        }
+        for (group, version, operations), resources in sorted(grouped.items())
+    ]
+
+
+def _sorted_operations(operations: set[str]) -> tuple[str, ...]:
+    if "*" in operations or set(ALL_OPERATIONS) <= operations:
+        return ("*",)
+    return tuple(sorted(operations))
+
+
+def atoms(routes: Iterable[RouteRule], index: ServedIndex) -> Atoms:
+    atoms: Atoms = {}
+    for route in routes:
+        for group in route.api_groups:
+            for resource in route.resources:
+                for target in expand(group, resource, route.api_versions, index):
+                    atoms.setdefault(target, set()).update(route.operations)
+    return atoms
+
+
+def subtract(atoms: Atoms, covered: Atoms) -> Atoms:
+    result: Atoms = {}
+    for target, operations in atoms.items():
+        taken = covered.get(target, set())
+        left = explicit(operations) - explicit(taken)
+        if left:
+            result[target] = left
+    return result
+
+
+def explicit(operations: set[str]) -> set[str]:
+    return set(ALL_OPERATIONS) if "*" in operations else set(operations)

@@ -7,12 +7,16 @@ each namespace's tenant policies (NamespacedAdmissionPolicy) one of their own, s
 meets the cluster's and its own namespace's, never the thousand other tenants'. An update
 returns a new set that shares everything but the changed policy's index, so loading N policies
 one by one stays linear.
+
+A policy Kubernetes enforces itself (``vap/native.py``) stays in the set, for the background
+audit, but ``scoped`` gives the webhooks a view in which it judges only the namespaces its
+generated objects leave to them.
 """
 from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Final
 
 from ..api import ResourceRule
@@ -33,6 +37,7 @@ class PolicySet:
     def __init__(self, policies: Iterable[CompiledPolicy] = ()) -> None:
         self._policies: dict[str, CompiledPolicy] = {}
         self._indexes: _Indexes = {}
+        self._scopes: Mapping[str, frozenset[str]] = {}
         for policy in policies:
             if policy.name in self._policies:
                 raise ValueError(f"policy names must be unique in a PolicySet: {policy.name!r}")
@@ -60,6 +65,17 @@ class PolicySet:
 
     def get(self, name: str) -> CompiledPolicy | None:
         return self._policies.get(name)
+
+    def scoped(self, scopes: Mapping[str, frozenset[str]]) -> PolicySet:
+        """The same policies, but those named in ``scopes`` judge only requests in the namespaces
+        given (none: no request at all): what the webhooks judge while Kubernetes enforces them."""
+        view = PolicySet._of(self._policies, self._indexes)
+        view._scopes = {name: scope for name, scope in scopes.items() if name in self._policies}
+        return view
+
+    def scope(self, name: str) -> frozenset[str] | None:
+        """The namespaces a scoped policy judges here (None: it is not scoped, it judges all)."""
+        return self._scopes.get(name)
 
     def replace(self, policy: CompiledPolicy) -> PolicySet:
         """A new set with this policy added or replacing the one of the same name."""
@@ -98,6 +114,10 @@ class PolicySet:
                 for policy, rule in index.get(key, ()):
                     if policy.name not in found and (_ANY in rule.api_versions or request.version in rule.api_versions):
                         found[policy.name] = policy
+        if self._scopes:
+            for name in [name for name in found if name in self._scopes]:
+                if request.namespace not in self._scopes[name]:
+                    del found[name]
         return [found[name] for name in sorted(found)]
 
 

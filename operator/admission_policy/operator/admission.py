@@ -59,7 +59,7 @@ async def _decide(phase: Phase, webhook: str) -> None:
         if namespace is None:
             namespace, namespace_error = await _fetch_namespace(op, request.namespace, deadline)
     started = time.perf_counter()
-    policies, exceptions = op.store.policies, op.exceptions.current
+    policies, exceptions = op.store.serving, op.exceptions.current
 
     def judge(answers: Authorization, may_fork: bool) -> Decision:
         return evaluate(policies, request, namespace, phase, deadline=deadline, inputs=op.sources,

@@ -23,7 +23,7 @@ from .. import features, plugins
 from ..cluster.client import new_api_client
 from ..cluster.discovery import Discovery
 from ..cluster.routing import BREAK_GLASS_LABEL
-from . import audit, certificates, exceptionstatus, metrics, reconcile, registration, state, watcher
+from . import audit, certificates, exceptionstatus, metrics, native, reconcile, registration, state, watcher
 from .config import OperatorConfig
 from .events import PolicyEvents
 from .rotation import CertificateRotation
@@ -155,6 +155,7 @@ def _spawn_background_tasks(op: Operator) -> None:
     tasks.spawn("params and context caches", op.sources.run)
     tasks.spawn("inputs status", lambda: reconcile.follow_inputs(op), essential=False)
     tasks.spawn("event loop lag", metrics.watch_loop_lag, essential=False)
+    tasks.spawn("native enforcement", lambda: native.keep_native(op), essential=False)
 
 def _trouble(op: Operator) -> str:
     """What /readyz adds after "ready": a watch that is down, a side task left dead."""

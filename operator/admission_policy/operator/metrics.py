@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 
 import aiohttp.web
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
@@ -23,6 +23,12 @@ POLICIES = Gauge("admission_policy_policies_loaded", "AdmissionPolicies loaded a
                  registry=REGISTRY)
 REJECTED = Gauge("admission_policy_policies_rejected", "AdmissionPolicy generations that failed to compile.",
                  registry=REGISTRY)
+# Native enforcement (operator/native.py): policies the API server enforces itself, and switches.
+NATIVE_POLICIES = Gauge("admission_policy_native_policies", "Policies enforced by the API server through "
+                        "generated ValidatingAdmissionPolicies (as this replica's status view has it).",
+                        registry=REGISTRY)
+NATIVE_SWITCHES = Counter("admission_policy_native_switches", "Policies handed to the API server (to=Native) "
+                          "or back to the webhooks (to=Webhook) by this replica.", ["to"], registry=REGISTRY)
 
 # The background audit's last scan of each policy (operator/audit.py); only the reconciling
 # replica scans, so only its series are non-empty.

@@ -16,16 +16,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
-from kubernetes_asyncio import client
 
 from .. import api
-from ..cluster.client import call_json, message_of
 from ..cluster.routing import NOT_SERVED, routes, unserved_resources
 from ..engine import CompiledPolicy, PolicyCompileError
-from . import conditions
+from . import conditions, native
+from .policyio import list_policies, write_status
 from .sources import InputProblems
 from .state import REGISTRATION_TIMEOUT, Operator, now, operator
-from .store import error_text, load_policy, object_key, policy_path
+from .store import error_text, load_policy, object_key
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +49,7 @@ async def reconcile(body: kopf.Body, meta: kopf.Meta, status: kopf.Status, patch
     name = object_key(body)
     generation = int(meta.get("generation") or 0)
     if status.get("observedGeneration") != generation:
-        await _write_status(op, name, conditions.status_patch(status, conditions.pending(), generation, now()))
+        await write_status(op, name, conditions.status_patch(status, conditions.pending(), generation, now()))
     # Already found Degraded for this generation (a restart): no grace for discovery, no flapping.
     settle = not (status.get("phase") == "Degraded" and status.get("observedGeneration") == generation)
     observation = await observe(op, body, name, generation, settle=settle)
@@ -171,7 +170,7 @@ async def _update_inputs(op: Operator) -> None:
                if compiled.policy.param_kind is not None or compiled.policy.context}
     if not reading:
         return
-    for body in await _list_policies(op):   # listed, not read one by one: the chart grants list, not get
+    for body in await list_policies(op):   # listed, not read one by one: the chart grants list, not get
         name = object_key(body)
         spec = reading.get(name)
         if spec is None:
@@ -185,7 +184,7 @@ async def _update_inputs(op: Operator) -> None:
         if written is not None and (written.status, written.message) == (current.status, current.message):
             continue
         observation = await observe(op, body, name, generation)
-        await _write_status(op, name, conditions.status_patch(status, observation, generation, now()))
+        await write_status(op, name, conditions.status_patch(status, observation, generation, now()))
         await _announce(op, body, status.get("phase"), observation)
 
 
@@ -237,23 +236,8 @@ async def follow_registration(op: Operator) -> None:
 
 
 async def _update_registered(op: Operator) -> None:
-    for body in await _list_policies(op):
+    for body in await list_policies(op):
         await _follow(op, body)
-
-
-async def _list_policies(op: Operator) -> list[kopf.Body]:
-    """Every AdmissionPolicy and NamespacedAdmissionPolicy as the API server holds them now."""
-    objects = client.CustomObjectsApi(op.api_client)
-    found = []
-    for plural in (api.PLURAL, api.NAMESPACED_PLURAL):
-        listing: Any = await objects.list_cluster_custom_object(api.GROUP, api.VERSION, plural,
-                                                                _preload_content=False)
-        if listing.status == 404 and plural == api.NAMESPACED_PLURAL:
-            continue   # not served: no CRD, no tenant policies
-        if not 200 <= listing.status <= 299:   # unread, the client raises on no status
-            raise client.ApiException(status=listing.status, reason=(await listing.text())[:500])
-        found += [kopf.Body(raw) for raw in (await listing.json()).get("items", [])]
-    return found
 
 
 async def _follow(op: Operator, body: kopf.Body) -> None:
@@ -271,7 +255,7 @@ async def _follow(op: Operator, body: kopf.Body) -> None:
         observation = await observe(op, body, name, generation)
     else:
         return
-    await _write_status(op, name, conditions.status_patch(status, observation, generation, now()))
+    await write_status(op, name, conditions.status_patch(status, observation, generation, now()))
     await _announce(op, body, old_phase, observation)
 
 
@@ -281,12 +265,13 @@ async def delete(body: kopf.Body, status: kopf.Status, **_: Any) -> None:
     """Stop enforcing and unroute before Kopf removes the finalizer."""
     op = operator()
     name = object_key(body)
-    await _write_status(op, name, conditions.terminating_patch(status, now()))
+    await write_status(op, name, conditions.terminating_patch(status, now()))
     await op.events.post_policy(op.api_client, name, body.metadata.uid, type_="Normal", reason="Terminating",
                                 message="removing the policy from the webhook configurations")
     op.store.forget(name, "its deletion began")
     if not await op.store.wait_unregistered(name, REGISTRATION_TIMEOUT):
         raise kopf.TemporaryError("the webhook configurations still route this policy", delay=5)
+    await native.remove(op, name)   # Kubernetes' own objects go with it
     logger.info("%s %s: unrouted; releasing the finalizer", api.kind_of(name), name)
 
 
@@ -301,11 +286,3 @@ async def _announce(op: Operator, body: kopf.Body, old_phase: str | None,
     logger.log(logging.WARNING if warning else logging.INFO, "%s %s: %s", api.kind_of(name), name, message)
     await op.events.post_policy(op.api_client, name, body.metadata.uid, type_="Warning" if warning else "Normal",
                                 reason=observation.phase, message=message)
-
-
-async def _write_status(op: Operator, name: str, new_status: Mapping[str, Any]) -> None:
-    """A status write now (not at the handler's end), so `kubectl get ap -w` shows the step."""
-    code, answer = await call_json(op.api_client, "PATCH", policy_path(name) + "/status",
-                                   body={"status": dict(new_status)}, content_type="application/merge-patch+json")
-    if not 200 <= code <= 299:
-        raise client.ApiException(status=code, reason=message_of(answer))

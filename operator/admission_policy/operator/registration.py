@@ -91,7 +91,7 @@ class _Keeper:
             backoff = 1.0
 
     async def write(self) -> None:
-        snapshot: PolicySet = self.store.policies
+        snapshot: PolicySet = self.store.serving
         generations = {name: self.store.generations[name] for name in (p.name for p in snapshot)
                        if name in self.store.generations}
         discovered = await self.discovery.resources()

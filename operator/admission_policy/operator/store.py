@@ -79,7 +79,11 @@ class PolicyStore:
                  tenant_plugins: Collection[str] = ()) -> None:
         self.default_failure_policy = default_failure_policy
         self.tenant_plugins = tuple(tenant_plugins)
-        self.policies = PolicySet()                      # swapped whole, read per request
+        self.policies = PolicySet()                      # swapped whole: every loaded policy
+        self.serving = PolicySet()                       # ... as the webhooks judge them (see native_scopes)
+        # Policies Kubernetes enforces itself (their status.native, written by the reconciling
+        # replica once the generated objects are in effect): the namespaces left to the webhooks.
+        self.native_scopes: dict[str, frozenset[str]] = {}
         self.generations: dict[str, int] = {}            # loaded generation per policy
         self.uids: dict[str, str] = {}
         self.rejected: dict[str, Rejected] = {}
@@ -88,6 +92,7 @@ class PolicyStore:
         self.registration_count = 0                      # configurations written so far
         self.registration_lost = ""                      # why the API server lacks what we wrote ("": it has it)
         self._registration_changed = asyncio.Event()     # set (and replaced) when either of the two changes
+        self._policies_changed = asyncio.Event()         # set (and replaced) when a policy or its enforcer changes
         self.policies_loaded = asyncio.Event()           # the first full list is in
         self.tenant_policies_loaded = asyncio.Event()    # ... of NamespacedAdmissionPolicies
         self.namespaces_loaded = asyncio.Event()
@@ -120,6 +125,7 @@ class PolicyStore:
             self.forget(name, "its deletion began" if metadata.get("deletionTimestamp") else
                         f"our finalizer is not on it (resourceVersion {metadata.get('resourceVersion')})")
             return
+        self._observe_native(name, body.get("status"))
         generation = int(metadata.get("generation") or 0)
         if self.generations.get(name) == generation or (
                 name in self.rejected and self.rejected[name].generation == generation):
@@ -152,13 +158,41 @@ class PolicyStore:
         self.rejected.pop(name, None)
         if name in self.generations:
             self.policies = self.policies.remove(name)
+            self.native_scopes.pop(name, None)
             self._changed_policies()
             del self.generations[name]
             self.uids.pop(name, None)
             logger.info("%s %s: no longer enforced: %s", api.kind_of(name), name, why)
             self.changed.set()
 
+    def _observe_native(self, name: str, status: Any) -> None:
+        """Follow who enforces the policy: a switch reroutes it (make-before-break is the writer's:
+        operator/native.py)."""
+        native = status.get("native") if isinstance(status, Mapping) else None
+        scope = None
+        if isinstance(native, Mapping) and native.get("enforcedBy") == "Native":
+            scope = frozenset(str(n) for n in native.get("handedBack") or () if isinstance(n, str))
+        if self.native_scopes.get(name) == scope:
+            return
+        if scope is None:
+            del self.native_scopes[name]
+        else:
+            self.native_scopes[name] = scope
+        logger.info("%s %s: enforced by %s", api.kind_of(name), name,
+                    "the webhooks" if scope is None else "Kubernetes (generated ValidatingAdmissionPolicy)"
+                    + (f", but in {', '.join(sorted(scope))}" if scope else ""))
+        self._changed_policies()
+        self.changed.set()
+
+    def policies_changed(self) -> asyncio.Event:
+        """An event set at the next change of a policy or of who enforces it. Take it before
+        reading, then wait on it: a change in between is not missed."""
+        return self._policies_changed
+
     def _changed_policies(self) -> None:
+        self.serving = self.policies.scoped(self.native_scopes)
+        self._policies_changed.set()
+        self._policies_changed = asyncio.Event()
         if self.on_change is not None:
             self.on_change(self.policies)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, Protocol
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -19,12 +19,16 @@ from ..cluster.discovery import DiscoveredResource
 from ..cluster.routing import (
     CRDS,
     DOMAIN,
-    OWN_CRDS,
+    NOT_OWN_CRD,
+    Atoms,
     RouteRule,
     ServedIndex,
+    admission_rules,
+    atoms,
     break_glass_condition,
-    expand,
+    explicit,
     plural,
+    subtract,
 )
 from .config import OperatorConfig
 
@@ -40,17 +44,8 @@ POLICY_WEBHOOK_NAME = f"policies.validate.{DOMAIN}"
 TENANT_POLICY_WEBHOOK_NAME = f"tenant-policies.validate.{DOMAIN}"
 EXCEPTION_WEBHOOK_NAMES = (f"exceptions.validate.{DOMAIN}", f"exceptions.mutate.{DOMAIN}")
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
-ALL_OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 MAX_CONFLICT_RETRIES = 5
 
-NOT_OWN_CRD = {
-    "name": "not-the-operators-own-crds",
-    "expression": (f"!(request.resource.group == '{CRDS[0]}' && request.resource.resource == '{CRDS[1]}'"
-                   f" && request.name in [{', '.join(repr(name) for name in OWN_CRDS)}])"),
-}
-
-# (group, version, resource-with-optional-subresource) → operations
-_Atoms = dict[tuple[str, str, str], set[str]]
 
 
 def build_validating_configuration(
@@ -191,11 +186,11 @@ def _routed_webhooks(
 ) -> list[dict[str, Any]]:
     index = ServedIndex(discovered)
     routes = [r for r in routes if r.mutating == mutating]
-    fail = _atoms([r for r in routes if not r.namespace and r.failure_policy == "Fail"], index)
-    ignore = _atoms([r for r in routes if not r.namespace and r.failure_policy == "Ignore"], index)
+    fail = atoms([r for r in routes if not r.namespace and r.failure_policy == "Fail"], index)
+    ignore = atoms([r for r in routes if not r.namespace and r.failure_policy == "Ignore"], index)
     # A request the Fail webhook already sends us needs no second call from the Ignore one:
     # the handler evaluates every matching policy whichever webhook called it.
-    ignore = _subtract(ignore, fail)
+    ignore = subtract(ignore, fail)
     kind = "mutate" if mutating else "validate"
     webhooks = _entries(settings, ca_bundle, kind, "", fail, ignore)
     # Tenant policies get entries of their own namespace only: a tenant's failurePolicy Fail must
@@ -204,23 +199,23 @@ def _routed_webhooks(
     tenants = sorted({r.namespace for r in routes if r.namespace} - set(settings.all_exempt_namespaces))
     for namespace in tenants:
         own = [r for r in routes if r.namespace == namespace]
-        tenant_fail = _subtract(_atoms([r for r in own if r.failure_policy == "Fail"], index), fail)
-        tenant_ignore = _atoms([r for r in own if r.failure_policy == "Ignore"], index)
-        tenant_ignore = _subtract(_subtract(_subtract(tenant_ignore, fail), ignore), tenant_fail)
+        tenant_fail = subtract(atoms([r for r in own if r.failure_policy == "Fail"], index), fail)
+        tenant_ignore = atoms([r for r in own if r.failure_policy == "Ignore"], index)
+        tenant_ignore = subtract(subtract(subtract(tenant_ignore, fail), ignore), tenant_fail)
         webhooks += _entries(settings, ca_bundle, kind, namespace, tenant_fail, tenant_ignore)
     return webhooks
 
 
-def _entries(settings: OperatorConfig, ca_bundle: str, kind: str, namespace: str, fail: _Atoms,
-             ignore: _Atoms) -> list[dict[str, Any]]:
+def _entries(settings: OperatorConfig, ca_bundle: str, kind: str, namespace: str, fail: Atoms,
+             ignore: Atoms) -> list[dict[str, Any]]:
     """The entries for these atoms: cluster-wide (``namespace`` ""), or for one tenant namespace."""
     prefix = f"{namespace}.tenant." if namespace else ""
     namespaces = ({"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": [namespace]} if namespace else
                   {"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": sorted(settings.all_exempt_namespaces)})
     break_glass = break_glass_condition(settings.break_glass_users, settings.break_glass_groups)
     webhooks = []
-    for policy, atoms in (("Fail", fail), ("Ignore", ignore)):
-        objects, connects = _split_connect(atoms)
+    for policy, routed in (("Fail", fail), ("Ignore", ignore)):
+        objects, connects = _split_connect(routed)
         # A CONNECT's object is its options (PodExecOptions...), which carry no labels: CONNECT
         # rules get entries of their own, without the break-glass (it could never hold).
         for name, part, connect in ((f"{prefix}{policy.lower()}.{kind}.{DOMAIN}", objects, False),
@@ -236,7 +231,7 @@ def _entries(settings: OperatorConfig, ca_bundle: str, kind: str, namespace: str
                 "namespaceSelector": {"matchExpressions": [namespaces]},
                 # A namespaceSelector does not hold back cluster-scoped objects (but Namespaces): a
                 # tenant's entry routes namespaced objects only, or its Fail would reach every CRD write.
-                "rules": _rules(part, "Namespaced" if namespace else "*"),
+                "rules": admission_rules(part, "Namespaced" if namespace else "*"),
                 "sideEffects": "None",
                 "timeoutSeconds": settings.webhook_timeout,
             }
@@ -253,14 +248,14 @@ def _entries(settings: OperatorConfig, ca_bundle: str, kind: str, namespace: str
     return webhooks
 
 
-def _split_connect(atoms: _Atoms) -> tuple[_Atoms, _Atoms]:
+def _split_connect(routed: Atoms) -> tuple[Atoms, Atoms]:
     """(everything but CONNECT, CONNECT alone); only subresources (pods/exec...) are ever connected."""
-    objects: _Atoms = {}
-    connects: _Atoms = {}
-    for target, operations in atoms.items():
-        if "/" in target[2] and "CONNECT" in _explicit(operations):
+    objects: Atoms = {}
+    connects: Atoms = {}
+    for target, operations in routed.items():
+        if "/" in target[2] and "CONNECT" in explicit(operations):
             connects[target] = {"CONNECT"}
-            rest = _explicit(operations) - {"CONNECT"}
+            rest = explicit(operations) - {"CONNECT"}
             if rest:
                 objects[target] = rest
         else:
@@ -281,53 +276,6 @@ def _client_config(settings: OperatorConfig, ca_bundle: str, path: str) -> dict[
         },
         "caBundle": encoded,
     }
-
-
-def _rules(atoms: _Atoms, scope: str = "*") -> list[dict[str, Any]]:
-    """Group atoms sharing (group, version, operations) into one rule; sorted for stable output."""
-    grouped: dict[tuple[str, str, tuple[str, ...]], set[str]] = {}
-    for (group, version, resource), operations in atoms.items():
-        grouped.setdefault((group, version, _sorted_operations(operations)), set()).add(resource)
-    return [
-        {
-            "apiGroups": [group],
-            "apiVersions": [version],
-            "operations": list(operations),
-            "resources": sorted(resources),
-            "scope": scope,
-        }
-        for (group, version, operations), resources in sorted(grouped.items())
-    ]
-
-
-def _sorted_operations(operations: set[str]) -> tuple[str, ...]:
-    if "*" in operations or set(ALL_OPERATIONS) <= operations:
-        return ("*",)
-    return tuple(sorted(operations))
-
-
-def _atoms(routes: Iterable[RouteRule], index: ServedIndex) -> _Atoms:
-    atoms: _Atoms = {}
-    for route in routes:
-        for group in route.api_groups:
-            for resource in route.resources:
-                for target in expand(group, resource, route.api_versions, index):
-                    atoms.setdefault(target, set()).update(route.operations)
-    return atoms
-
-
-def _subtract(atoms: _Atoms, covered: _Atoms) -> _Atoms:
-    result: _Atoms = {}
-    for target, operations in atoms.items():
-        taken = covered.get(target, set())
-        left = _explicit(operations) - _explicit(taken)
-        if left:
-            result[target] = left
-    return result
-
-
-def _explicit(operations: set[str]) -> set[str]:
-    return set(ALL_OPERATIONS) if "*" in operations else set(operations)
 
 
 # ---- applying -------------------------------------------------------------------------------
@@ -384,7 +332,7 @@ def holds(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
     rule removed, a failurePolicy changed or a webhook added by hand is drift) and at least its
     labels (other tools may add their own)."""
     labels = existing.get("metadata", {}).get("labels") or {}
-    return _equivalent(existing.get("webhooks") or [], desired["webhooks"]) and all(
+    return equivalent(existing.get("webhooks") or [], desired["webhooks"]) and all(
         labels.get(key) == value for key, value in desired["metadata"]["labels"].items())
 
 
@@ -415,18 +363,18 @@ SERVER_DEFAULTS: Mapping[str, Any] = {
 }
 
 
-def _equivalent(actual: Any, desired: Any) -> bool:
+def equivalent(actual: Any, desired: Any) -> bool:
     """``actual`` is ``desired`` plus, at most, fields holding their server default or nothing."""
     if isinstance(desired, Mapping):
         return isinstance(actual, Mapping) and all(
-            key in actual and _equivalent(actual[key], value) for key, value in desired.items()
+            key in actual and equivalent(actual[key], value) for key, value in desired.items()
         ) and all(_empty(value) or SERVER_DEFAULTS.get(key, ...) == value
                   for key, value in actual.items() if key not in desired)
     if isinstance(desired, list):
         return (
             isinstance(actual, list)
             and len(actual) == len(desired)
-            and all(_equivalent(a, d) for a, d in zip(actual, desired, strict=True))
+            and all(equivalent(a, d) for a, d in zip(actual, desired, strict=True))
         )
     return bool(actual == desired)
 

@@ -162,6 +162,10 @@ class KubernetesCel:
             return f"(line {found[1]}, column {found[2]}) not in Kubernetes' CEL environment: {message}"
         return None
 
+    def environment(self) -> Any:
+        """The whole environment, every variable declared."""
+        return self._environment("", ())
+
     def _environment(self, left_out: str, hidden: tuple[str, ...]) -> Any:
         key = (left_out, hidden)
         if key not in self._environments:

@@ -1,0 +1,452 @@
+"""Native enforcement: the reconciling replica hands the policies Kubernetes can run to the API
+server (``vap/native.py`` builds the objects) and takes them back when it no longer can.
+
+Who enforces a policy is its ``status.native.enforcedBy``, which every replica's store follows
+(``PolicyStore.native_scopes``): the webhooks judge a policy unless it says Native. Each switch is
+make-before-break, so that no request goes unjudged:
+
+- to Native: the generated objects are written, then *proven in effect* (a probe, below), and
+  only then does the status say Native and the replicas stop routing the policy;
+- to Webhook: the status says Webhook first, the webhook configurations are written with the
+  policy's rules again, and only then are the generated objects deleted.
+
+In between, both judge, and a request passes only what both admit. A generated object deleted
+or edited by hand is written back (while one is missing, the webhook serves the policy); an API
+no longer served, a policy switched to ``Never`` or one that stops porting goes back to the
+webhook the same way. Exceptions: the generated objects leave the namespaces where an exception
+for the policy is in force to the webhook, which applies it, and its expiry, to the second; with
+every replica down those requests fail as the policy's failurePolicy says, so an exception never
+outlives its expiry (docs/vap.md).
+
+The probe: the API server's admission plugin loads policies and bindings from two watches, in
+the order they were written. After writing, the operator rewrites a sentinel policy and binding
+(``PROBE_NAME``: deny a dry-run Event named by a fresh token in its own namespace) and dry-runs
+that Event until the denial carries the token: by then the plugin has every object written
+before the sentinel's two.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import secrets
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+
+from .. import api
+from ..cluster.client import call_json, message_of
+from ..cluster.routing import ServedIndex, break_glass_condition
+from ..engine import CompiledPolicy
+from ..vap import native as generate
+from ..vap.objects import BINDING, GROUP, POLICY
+from . import conditions, metrics
+from .policyio import list_policies, write_status
+from .state import Operator, now
+from .store import object_key
+from .webhookconfig import equivalent
+
+logger = logging.getLogger(__name__)
+
+NATIVE: Final = "Native"                 # the condition type
+PROBE_NAME: Final = "admission-policy-operator.probe"
+PROBE_TIMEOUT: Final = 15.0              # seconds for the API server to load what was written
+INTERVAL: Final = 30.0                   # re-check at least this often (discovery, expiry)
+WEBHOOK_SETTLE: Final = 5.0              # seconds for the API server to route a configuration just written
+POLL: Final = 2.0                        # how often the generated objects are listed for changes
+SWITCH_TIMEOUT: Final = 30.0             # for the replicas to route a policy handed back
+_PLURALS: Final = {POLICY: "validatingadmissionpolicies", BINDING: "validatingadmissionpolicybindings"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Wanted:
+    """What a policy should be: Native with these objects, or Webhook for a reason."""
+    native: bool
+    reason: str
+    message: str
+    objects: tuple[dict[str, Any], ...] = ()
+    handed_back: tuple[str, ...] = ()
+
+
+async def keep_native(op: Operator) -> None:
+    """The loop: on the reconciling replica, bring every policy to what it should be; woken by a
+    policy or an exception changing, and at least every ``INTERVAL`` (a generated object deleted
+    or edited by hand, an API no longer served, an exception's expiry: ``_next_wake``)."""
+    while True:
+        policies, exceptions = op.store.policies_changed(), op.exceptions.changed()
+        try:
+            if op.store.policies_loaded.is_set() and op.exceptions.loaded.is_set() and await op.reconciles():
+                await sync(op)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("Native enforcement: a pass failed, retrying: %s", exc)
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(event.wait()) for event in (policies, exceptions)]
+        waits.append(asyncio.ensure_future(_generated_changed(op)))
+        try:
+            await asyncio.wait(waits, timeout=_next_wake(op), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+        await asyncio.sleep(0.2)   # a burst of changes: one pass
+
+
+async def _generated_changed(op: Operator) -> None:
+    """Returns once a generated object is deleted or edited by hand: a cheap labelled listing every
+    ``POLL`` seconds (the objects are few), rather than a watch per API version."""
+    seen = None
+    while True:
+        with contextlib.suppress(Exception):
+            version = await served_version(op)
+            held = await list_generated(op, version) if version is not None else {}
+            now_seen = {key: (obj["metadata"].get("resourceVersion"), obj["metadata"].get("deletionTimestamp"))
+                        for key, obj in held.items() if key[1] != PROBE_NAME}
+            if seen is not None and now_seen != seen:
+                return
+            seen = now_seen
+        await asyncio.sleep(POLL)
+
+
+def _next_wake(op: Operator) -> float:
+    """Seconds to the next exception expiry (its namespace goes back to the generated objects), at most INTERVAL."""
+    soonest = min((c.exception.expires_at for c in op.exceptions.current if c.exception.expires_at > time.time()),
+                  default=time.time() + INTERVAL)
+    return max(min(soonest - time.time() + 0.5, INTERVAL), 0.5)
+
+
+async def sync(op: Operator) -> None:
+    """One pass over every policy."""
+    version = await served_version(op)
+    kubernetes = await cluster_version(op)
+    target = None
+    if version is not None:
+        target = generate.Target(
+            version, kubernetes, ServedIndex(await op.discovery.resources()), op.config.all_exempt_namespaces,
+            break_glass_condition(op.config.break_glass_users, op.config.break_glass_groups))
+    held = await list_generated(op, version) if version is not None else {}
+    bodies = await list_policies(op)
+    known = {object_key(body) for body in bodies}
+    written: list[tuple[Mapping[str, Any], Wanted]] = []
+    for policy_body in bodies:
+        body: Mapping[str, Any] = policy_body
+        name, metadata = object_key(body), body.get("metadata") or {}
+        compiled = op.store.policies.get(name)
+        generation = int(metadata.get("generation") or 0)
+        if metadata.get("deletionTimestamp") or compiled is None or op.store.generations.get(name) != generation:
+            continue   # being deleted, or not loaded (yet): reconciliation has it in hand
+        wanted = decide(op, body, compiled, target)
+        mine = {key: obj for key, obj in held.items() if _owner(obj) == name}
+        if await _bring(op, body, compiled, wanted, mine):
+            written.append((body, wanted))
+    if written and not await probe(op, version or ""):
+        logger.warning("Native enforcement: the API server did not load the generated objects within %.0fs; "
+                       "the webhooks keep judging %s", PROBE_TIMEOUT, ", ".join(object_key(b) for b, _ in written))
+        written = []
+    for body, wanted in written:
+        await _Status(body).write(op, wanted)
+    for key, obj in held.items():
+        if _owner(obj) not in known and key[1] != PROBE_NAME:
+            await _delete(op, _version(obj), obj)   # its policy is gone (deleted while no replica ran)
+    metrics.NATIVE_POLICIES.set(len(op.store.native_scopes))
+
+
+def decide(op: Operator, body: Mapping[str, Any], compiled: CompiledPolicy,
+           target: generate.Target | None) -> Wanted:
+    """Native or not, and why, for this generation."""
+    policy = compiled.policy
+    if (policy.native or op.config.native_default) == "Never":
+        where = "spec.native" if policy.native else "AP_NATIVE_DEFAULT"
+        return Wanted(False, "Disabled", f"{where} is Never: the operator's webhooks judge this policy")
+    if target is None:
+        return Wanted(False, "APIUnavailable", "the API server serves no ValidatingAdmissionPolicy "
+                                               "(admissionregistration.k8s.io v1 or v1beta1)")
+    handed_back = _handed_back(op, compiled)
+    if handed_back is None:
+        return Wanted(False, "Exception", "an exception in force covers cluster-scoped objects or a tenant's "
+                                          "namespace: the webhooks judge the policy until it ends")
+    result = generate.plan(compiled, body, target, handed_back)
+    if not result.native:
+        return Wanted(False, "NotPortable", "; ".join(str(b) for b in result.blockers))
+    objects = tuple(_owned(obj, body) for obj in result.objects)
+    message = f"enforced by the API server: {len(objects) // 2} ValidatingAdmissionPolicy and binding pair(s)"
+    if handed_back:
+        message += f"; the webhooks judge it in {', '.join(handed_back)} (exceptions in force there)"
+    return Wanted(True, "Generated", message, objects, tuple(handed_back))
+
+
+def _handed_back(op: Operator, compiled: CompiledPolicy) -> list[str] | None:
+    """The namespaces with an exception for this policy in force (the webhooks judge it there), or
+    None when one covers more than a namespace can say (cluster-scoped objects, a tenant policy)."""
+    at = time.time()
+    found = sorted({c.exception.namespace for c in op.exceptions.current
+                    if any(ref.name == compiled.name for ref in c.exception.policies) and c.exception.in_force(at)})
+    if found and (compiled.policy.namespace is not None or op.exceptions.cluster_namespace in found):
+        return None
+    return found
+
+
+async def _bring(op: Operator, body: Mapping[str, Any], compiled: CompiledPolicy, wanted: Wanted,
+                 held: Mapping[tuple[str, str], Mapping[str, Any]]) -> bool:
+    """Switch one policy toward ``wanted``; True when the objects are written and the caller, once
+    the probe has seen them in effect, is to set the status Native."""
+    status = _Status(body)
+    if not wanted.native:
+        if status.native:
+            await _hand_back(op, status, wanted)
+        else:
+            await status.write(op, wanted)
+        for obj in held.values():
+            await _delete(op, _version(obj), obj)
+        return False
+    desired = {(obj["kind"], obj["metadata"]["name"]): obj for obj in wanted.objects}
+    missing = [key for key in desired if key not in held or held[key]["metadata"].get("deletionTimestamp")]
+    # A binding outliving its policy object is not bound to the new one until written anew (1.28).
+    missing += [(BINDING, name) for kind, name in missing if kind == POLICY and (BINDING, name) not in missing
+                and (BINDING, name) in desired]
+    drifted = [key for key, obj in desired.items() if key in held and not _holds(held[key], obj)]
+    if status.native and missing:
+        # Make before break: the webhooks take the policy back while an object is missing.
+        await _hand_back(op, status, Wanted(False, "Rewriting", "generated objects missing, being written back: "
+                                                                + ", ".join(key[1] for key in missing)))
+    elif status.native and not set(wanted.handed_back) <= status.handed_back:
+        # ... and the namespaces the objects are about to leave to them, before they do.
+        wider = sorted(status.handed_back | set(wanted.handed_back))
+        await status.write(op, dataclasses.replace(wanted, handed_back=tuple(wider)))
+        await _await_routes(op, object_key(body), frozenset(wider))
+    for key in missing:
+        if key in held:   # deleted by hand, held by our finalizer until now: let it go, then write it anew
+            await _delete(op, _version(held[key]), held[key])
+        await _write(op, _version(desired[key]), desired[key], None)
+    for key in drifted:
+        await _write(op, _version(desired[key]), desired[key], held[key])
+    for key, obj in held.items():
+        if key not in desired:
+            await _delete(op, _version(obj), obj)
+    body_native = (body.get("status") or {}).get("native") or {}
+    return bool(missing or drifted or not status.native or status.handed_back != set(wanted.handed_back)
+                or body_native.get("generation") != compiled.policy.generation)
+
+
+class _Status:
+    """A policy's status as last read or written in this pass."""
+
+    def __init__(self, body: Mapping[str, Any]) -> None:
+        self.body = body
+        self.status = dict(body.get("status") or {})
+
+    @property
+    def name(self) -> str:
+        return object_key(self.body)
+
+    @property
+    def native(self) -> bool:
+        return bool((self.status.get("native") or {}).get("enforcedBy") == "Native")
+
+    @property
+    def handed_back(self) -> set[str]:
+        return set((self.status.get("native") or {}).get("handedBack") or ())
+
+    async def write(self, op: Operator, wanted: Wanted) -> None:
+        """status.native and the Native condition, written only when they change."""
+        generation = int(self.body["metadata"].get("generation") or 0)
+        native: dict[str, Any] = {
+            "enforcedBy": "Native" if wanted.native else "Webhook", "reason": wanted.reason, "message": wanted.message,
+            "generation": generation, "handedBack": list(wanted.handed_back),
+            "objects": [{"apiVersion": o["apiVersion"], "kind": o["kind"], "name": o["metadata"]["name"]}
+                        for o in wanted.objects]}
+        old = self.status.get("native") or {}
+        previous = [c for c in self.status.get("conditions") or [] if isinstance(c, Mapping)]
+        mine = next((c for c in previous if c.get("type") == NATIVE), None)
+        if {key: old.get(key) for key in native} == native and mine is not None \
+                and (mine.get("reason"), mine.get("message")) == (wanted.reason, wanted.message):
+            return
+        condition = conditions.Condition(NATIVE, "True" if wanted.native else "False", wanted.reason, wanted.message)
+        patch = {"native": native, "conditions": [c for c in previous if c.get("type") != NATIVE] + [
+            conditions.condition_entry(mine, condition, generation, now())]}
+        await write_status(op, self.name, patch)
+        self.status.update(patch)
+        if wanted.native and old.get("enforcedBy") != "Native":
+            logger.info("%s %s: enforced natively (%s)", api.kind_of(self.name), self.name, wanted.message)
+            await op.events.post_policy(op.api_client, self.name, self.body["metadata"].get("uid"), type_="Normal",
+                                        reason="EnforcedNatively", message=wanted.message)
+            metrics.NATIVE_SWITCHES.labels(to="Native").inc()
+
+
+async def _hand_back(op: Operator, status: _Status, wanted: Wanted) -> None:
+    """Status Webhook, then wait until the webhook configurations route the policy again."""
+    await status.write(op, wanted)
+    await _await_routes(op, status.name, None)
+    logger.info("%s %s: handed back to the webhooks (%s)", api.kind_of(status.name), status.name, wanted.message)
+    await op.events.post_policy(op.api_client, status.name, status.body["metadata"].get("uid"), type_="Normal",
+                                reason="EnforcedByWebhook", message=wanted.message)
+    metrics.NATIVE_SWITCHES.labels(to="Webhook").inc()
+
+
+async def _await_routes(op: Operator, name: str, scope: frozenset[str] | None) -> None:
+    """Until this replica's store follows the status just written (``scope``: the namespaces left
+    to the webhooks, None for all) and a configuration write after that has gone through."""
+    deadline = time.monotonic() + SWITCH_TIMEOUT
+    while op.store.native_scopes.get(name) != scope:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the status of {name} was not seen within {SWITCH_TIMEOUT:.0f}s")
+        await asyncio.sleep(0.1)
+    count = op.store.registration_count
+    op.store.changed.set()
+    if not await op.store.wait_registration_after(count, max(deadline - time.monotonic(), 1.0)):
+        raise RuntimeError(f"the webhook configurations were not written within {SWITCH_TIMEOUT:.0f}s")
+    # The API server reads webhook configurations from a watch, as it reads policies: unlike the
+    # objects above, nothing proves that it has; give it the time it takes (well under a second).
+    await asyncio.sleep(WEBHOOK_SETTLE)
+
+
+def _version(obj: Mapping[str, Any]) -> str:
+    return str(obj["apiVersion"]).rpartition("/")[2]
+
+
+def _owned(obj: dict[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
+    """An AdmissionPolicy owns its objects (the garbage collector removes them with it, should it be
+    deleted while no replica runs); a NamespacedAdmissionPolicy cannot own cluster-scoped ones, and
+    its objects go by their labels (its finalizer, or the next pass's sweep)."""
+    metadata = body["metadata"]
+    if metadata.get("namespace"):
+        return obj
+    owner = {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": metadata["name"], "uid": metadata["uid"]}
+    return {**obj, "metadata": {**obj["metadata"], "ownerReferences": [owner]}}
+
+
+def _owner(obj: Mapping[str, Any]) -> str:
+    labels = obj.get("metadata", {}).get("labels") or {}
+    name = labels.get(generate.POLICY_NAME_LABEL, "")
+    namespace = labels.get(generate.POLICY_NAMESPACE_LABEL)
+    return f"{namespace}/{name}" if namespace else name
+
+
+def _holds(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    meta, want = existing.get("metadata", {}), desired["metadata"]
+    return generate.FINALIZER in (meta.get("finalizers") or ()) and equivalent(
+        existing.get("spec") or {}, desired["spec"]) and all(
+        (meta.get("labels") or {}).get(k) == v for k, v in want["labels"].items()) and all(
+        (meta.get("annotations") or {}).get(k) == v for k, v in want.get("annotations", {}).items())
+
+
+# ---- the API ----------------------------------------------------------------------------------
+
+
+def _path(version: str, kind: str, name: str = "") -> str:
+    return f"/apis/{GROUP}/{version}/{_PLURALS[kind]}" + (f"/{name}" if name else "")
+
+
+async def served_version(op: Operator) -> str | None:
+    """The newest ValidatingAdmissionPolicy version the API server serves, or None."""
+    for version in generate.VALIDATING_VERSIONS:
+        code, answer = await call_json(op.api_client, "GET", f"/apis/{GROUP}/{version}")
+        if 200 <= code <= 299 and any(r.get("name") == _PLURALS[POLICY] for r in (answer or {}).get("resources", [])):
+            return version
+        if code not in (404, 503) and not 200 <= code <= 299:
+            raise RuntimeError(f"discovery of {GROUP}/{version} failed ({code}): {message_of(answer)}")
+    return None
+
+
+async def cluster_version(op: Operator) -> tuple[int, int]:
+    code, answer = await call_json(op.api_client, "GET", "/version")
+    if not 200 <= code <= 299:
+        raise RuntimeError(f"reading the API server's version failed ({code}): {message_of(answer)}")
+    major = int("".join(ch for ch in str(answer.get("major", "1")) if ch.isdigit()) or 1)
+    minor = int("".join(ch for ch in str(answer.get("minor", "0")) if ch.isdigit()) or 0)
+    return major, minor
+
+
+async def list_generated(op: Operator, version: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """The generated objects the API server holds, by (kind, name)."""
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    selector = ",".join(f"{k}={v}" for k, v in generate.MANAGED_BY.items())
+    for kind in (POLICY, BINDING):
+        code, answer = await call_json(op.api_client, "GET", _path(version, kind), query=[("labelSelector", selector)])
+        if not 200 <= code <= 299:
+            raise RuntimeError(f"listing {kind}s failed ({code}): {message_of(answer)}")
+        for item in answer.get("items", []):
+            item.setdefault("apiVersion", f"{GROUP}/{version}")
+            item.setdefault("kind", kind)
+            found[kind, item["metadata"]["name"]] = item
+    return found
+
+
+async def _write(op: Operator, version: str, desired: Mapping[str, Any], existing: Mapping[str, Any] | None) -> None:
+    kind, name = desired["kind"], desired["metadata"]["name"]
+    if existing is None:
+        code, answer = await call_json(op.api_client, "POST", _path(version, kind), body=dict(desired))
+    else:
+        body = {**desired, "metadata": {**desired["metadata"],
+                                        "resourceVersion": existing["metadata"].get("resourceVersion")}}
+        code, answer = await call_json(op.api_client, "PUT", _path(version, kind, name), body=body)
+    if not 200 <= code <= 299:
+        raise RuntimeError(f"writing {kind} {name} failed ({code}): {message_of(answer)}")
+    logger.info("%s %s %s", "Created" if existing is None else "Updated", kind, name)
+
+
+async def _delete(op: Operator, version: str, obj: Mapping[str, Any]) -> None:
+    """Release our finalizer, delete, and wait until it is gone (a name written anew must be free)."""
+    kind, name = obj["kind"], obj["metadata"]["name"]
+    path = _path(version, kind, name)
+    if generate.FINALIZER in (obj["metadata"].get("finalizers") or ()):
+        kept = [f for f in obj["metadata"]["finalizers"] if f != generate.FINALIZER]
+        code, answer = await call_json(op.api_client, "PATCH", path, body={"metadata": {
+            "finalizers": kept or None, "resourceVersion": obj["metadata"].get("resourceVersion")}},
+            content_type="application/merge-patch+json")
+        if code == 409:
+            raise RuntimeError(f"{kind} {name} changed while being released; retrying")
+        if not 200 <= code <= 299 and code != 404:
+            raise RuntimeError(f"releasing {kind} {name} failed ({code}): {message_of(answer)}")
+    code, answer = await call_json(op.api_client, "DELETE", path)
+    if not 200 <= code <= 299 and code != 404:
+        raise RuntimeError(f"deleting {kind} {name} failed ({code}): {message_of(answer)}")
+    deadline = time.monotonic() + SWITCH_TIMEOUT
+    while (await call_json(op.api_client, "GET", path))[0] != 404:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{kind} {name} is still there {SWITCH_TIMEOUT:.0f}s after its deletion")
+        await asyncio.sleep(0.1)
+    logger.info("Deleted %s %s", kind, name)
+
+
+async def remove(op: Operator, name: str) -> None:
+    """Delete a policy's generated objects (its deletion: the webhooks have unrouted it already)."""
+    version = await served_version(op)
+    if version is None:
+        return
+    for obj in (await list_generated(op, version)).values():
+        if _owner(obj) == name:
+            await _delete(op, version, obj)
+
+
+async def probe(op: Operator, version: str) -> bool:
+    """Whether the API server has loaded everything written so far (see the module's docstring)."""
+    token = f"probe-{secrets.token_hex(8)}"
+    namespace = op.config.namespace
+    labels = dict(generate.MANAGED_BY)
+    sentinel = {"apiVersion": f"{GROUP}/{version}", "kind": POLICY, "metadata": {"name": PROBE_NAME, "labels": labels},
+                "spec": {"failurePolicy": "Fail", "matchConstraints": {
+                    "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                                       "resources": ["events"]}],
+                    "namespaceSelector": {"matchLabels": {generate.NAMESPACE_NAME_LABEL: namespace}}},
+                         "validations": [{"expression": "false", "message": token}]}}
+    binding = {"apiVersion": f"{GROUP}/{version}", "kind": BINDING, "metadata": {"name": PROBE_NAME, "labels": labels},
+               "spec": {"policyName": PROBE_NAME, "validationActions": ["Deny"], "matchResources": {
+                   "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                                      "resources": ["events"], "resourceNames": [token]}]}}}
+    held = await list_generated(op, version)
+    for obj in (sentinel, binding):
+        await _write(op, version, obj, held.get((str(obj["kind"]), PROBE_NAME)))
+    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": token, "namespace": namespace},
+             "involvedObject": {"kind": "Namespace", "name": namespace}, "reason": "Probe", "message": "dry run"}
+    deadline = time.monotonic() + PROBE_TIMEOUT
+    while time.monotonic() < deadline:
+        code, answer = await call_json(op.api_client, "POST", f"/api/v1/namespaces/{namespace}/events",
+                                       query=[("dryRun", "All")], body=event)
+        if code >= 400 and token in message_of(answer):
+            # Kubernetes 1.28 compiles each policy and binding on a work queue of its own after the
+            # watch delivers it: the sentinel's may come first. Give the others the time they take.
+            await asyncio.sleep(WEBHOOK_SETTLE)
+            return True
+        await asyncio.sleep(0.2)
+    return False
