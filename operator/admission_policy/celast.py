@@ -277,6 +277,8 @@ class Checked:
     root: Expr
     overloads: dict[int, tuple[str, ...]]    # call node id → overload ids (``add_string``, …)
     fields: list[tuple[int, int, Any]]       # CheckedExpr's fields in order (``root`` is field 4)
+    names: dict[int, str] = dataclasses.field(default_factory=dict)      # ident node id → the variable it names
+    positions: dict[int, int] = dataclasses.field(default_factory=dict)  # node id → offset in the source
 
     @classmethod
     def decode(cls, serialized: bytes) -> Checked:
@@ -286,19 +288,22 @@ class Checked:
             raise AstError("not a serialised program")
         root: Expr | None = None
         overloads: dict[int, tuple[str, ...]] = {}
+        names: dict[int, str] = {}
+        positions: dict[int, int] = {}
         kept = []
         for number, wire, value in fields(envelope[2]):
             if number == 4:
                 root = decode_expr(value)
-            if number == 2:   # reference_map entry: key = node id, value = Reference
-                key, reference = 0, b""
-                for n, _, v in fields(value):
-                    key, reference = (v, reference) if n == 1 else (key, v if n == 2 else reference)
+            if number == 2:   # reference_map entry: key = node id, value = Reference (name 1, overload_id 3)
+                key, reference = _map_entry(value)
                 overloads[key] = tuple(v.decode() for n, _, v in fields(reference) if n == 3)
+                names.update((key, v.decode()) for n, _, v in fields(reference) if n == 1)
+            if number == 5:   # source_info: positions (4) is a map<int64, int32>
+                positions.update(_map_entry(v) for n, _, v in fields(value) if n == 4)
             kept.append((number, wire, value))
         if root is None:
             raise AstError("a serialised program without an expression")
-        return cls(envelope[1], root, overloads, kept)
+        return cls(envelope[1], root, overloads, kept, names, positions)
 
     def encode(self) -> bytes:
         """The program serialised again, for ``Env.deserialize()``: the tree as it is now,
@@ -306,6 +311,18 @@ class Checked:
         body = b"".join(_message(4, encode_expr(self.root)) if number == 4 else field(number, wire, value)
                         for number, wire, value in self.fields)
         return _message(1, self.type_url) + _message(2, body)
+
+
+def _map_entry(data: bytes) -> tuple[Any, Any]:
+    """A protobuf map entry: (key, value), fields 1 and 2, each 0 (or empty) when left out."""
+    key: Any = 0
+    value: Any = b""
+    for number, _, found in fields(data):
+        if number == 1:
+            key = found
+        elif number == 2:
+            value = found
+    return key, value
 
 
 def walk(root: Expr) -> Iterator[Expr]:

@@ -60,6 +60,7 @@ OWN_CRDS: tuple[str, ...] = (f"admissionpolicies.{DOMAIN}", f"namespacedadmissio
                               "kopfpeerings.kopf.dev")
 NOT_SERVED = "(not served by the cluster)"   # how unserved_resources marks what discovery lacks
 ALL_OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"   # every namespace carries it: selectors name namespaces by it
 
 # The matchCondition that keeps the operator's own CRDs from any rule routing CRDs.
 NOT_OWN_CRD = {

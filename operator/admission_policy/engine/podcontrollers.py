@@ -179,20 +179,20 @@ def pod_only_read(expression: CompiledExpression) -> str | None:
     ``metadata`` only a live Pod has), or None. Read from the checked tree, so that a string
     literal or a comment that says ``object.status`` is not taken for a read of it."""
     for node in celast.walk(expression.tree().root):
-        selected = _selected(node)
-        if selected is None:
+        read = selected(node)
+        if read is None:
             continue
-        target, field = selected
+        target, field = read
         if field == "status" and _is_object(target):
             return f"reads {target.name}.status, which a Pod template does not have"
-        inner = _selected(target)
+        inner = selected(target)
         if field in POD_ONLY_METADATA and inner is not None and inner[1] == "metadata" and _is_object(inner[0]):
             return (f"reads {inner[0].name}.metadata.{field}, which only a created Pod has "
                     "(a template never carries it)")
     return None
 
 
-def _selected(node: celast.Expr) -> tuple[celast.Expr, str] | None:
+def selected(node: celast.Expr) -> tuple[celast.Expr, str] | None:
     """(operand, field) for ``a.f``, ``has(a.f)``, ``a.?f`` and ``a['f']``."""
     if node.kind == "select" and node.target is not None:
         return node.target, node.name

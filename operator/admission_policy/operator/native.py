@@ -37,12 +37,12 @@ from typing import Any, Final
 
 from .. import api
 from ..cluster.client import call_json, message_of
-from ..cluster.routing import ServedIndex, break_glass_condition
+from ..cluster.routing import NAMESPACE_NAME_LABEL, ServedIndex, break_glass_condition
 from ..engine import CompiledPolicy
 from ..vap import native as generate
 from ..vap.objects import BINDING, GROUP, POLICY
 from . import conditions, metrics
-from .policyio import list_policies, write_status
+from .policyio import write_status
 from .state import Operator, now
 from .store import object_key
 from .webhookconfig import equivalent
@@ -75,15 +75,17 @@ async def keep_native(op: Operator) -> None:
     or edited by hand, an API no longer served, an exception's expiry: ``_next_wake``)."""
     while True:
         policies, exceptions = op.store.policies_changed(), op.exceptions.changed()
+        version = None
         try:
             if op.store.policies_loaded.is_set() and op.exceptions.loaded.is_set() and await op.reconciles():
-                await sync(op)
+                version = await sync(op)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             logger.warning("Native enforcement: a pass failed, retrying: %s", exc)
         waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(event.wait()) for event in (policies, exceptions)]
-        waits.append(asyncio.ensure_future(_generated_changed(op)))
+        if version is not None:
+            waits.append(asyncio.ensure_future(_generated_changed(op, version)))
         try:
             await asyncio.wait(waits, timeout=_next_wake(op), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -92,14 +94,13 @@ async def keep_native(op: Operator) -> None:
         await asyncio.sleep(0.2)   # a burst of changes: one pass
 
 
-async def _generated_changed(op: Operator) -> None:
+async def _generated_changed(op: Operator, version: str) -> None:
     """Returns once a generated object is deleted or edited by hand: a cheap labelled listing every
     ``POLL`` seconds (the objects are few), rather than a watch per API version."""
     seen = None
     while True:
         with contextlib.suppress(Exception):
-            version = await served_version(op)
-            held = await list_generated(op, version) if version is not None else {}
+            held = await list_generated(op, version)
             now_seen = {key: (obj["metadata"].get("resourceVersion"), obj["metadata"].get("deletionTimestamp"))
                         for key, obj in held.items() if key[1] != PROBE_NAME}
             if seen is not None and now_seen != seen:
@@ -115,8 +116,8 @@ def _next_wake(op: Operator) -> float:
     return max(min(soonest - time.time() + 0.5, INTERVAL), 0.5)
 
 
-async def sync(op: Operator) -> None:
-    """One pass over every policy."""
+async def sync(op: Operator) -> str | None:
+    """One pass over every policy; the ValidatingAdmissionPolicy version served (None: none)."""
     version = await served_version(op)
     kubernetes = await cluster_version(op)
     target = None
@@ -125,30 +126,42 @@ async def sync(op: Operator) -> None:
             version, kubernetes, ServedIndex(await op.discovery.resources()), op.config.all_exempt_namespaces,
             break_glass_condition(op.config.break_glass_users, op.config.break_glass_groups))
     held = await list_generated(op, version) if version is not None else {}
-    bodies = await list_policies(op)
-    known = {object_key(body) for body in bodies}
-    written: list[tuple[Mapping[str, Any], Wanted]] = []
-    for policy_body in bodies:
-        body: Mapping[str, Any] = policy_body
-        name, metadata = object_key(body), body.get("metadata") or {}
+    # The store's watch keeps every policy's status: no listing of the policies per pass.
+    bodies = [_body(op, name) for name in sorted(op.store.generations)]
+    known = {*op.store.generations, *op.store.rejected}
+    by_owner: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
+    for key, obj in held.items():
+        by_owner.setdefault(_owner(obj), {})[key] = obj
+    written: list[tuple[_Status, Wanted]] = []
+    for body in bodies:
+        name = object_key(body)
         compiled = op.store.policies.get(name)
-        generation = int(metadata.get("generation") or 0)
-        if metadata.get("deletionTimestamp") or compiled is None or op.store.generations.get(name) != generation:
-            continue   # being deleted, or not loaded (yet): reconciliation has it in hand
+        if compiled is None:
+            continue
         wanted = decide(op, body, compiled, target)
-        mine = {key: obj for key, obj in held.items() if _owner(obj) == name}
-        if await _bring(op, body, compiled, wanted, mine):
-            written.append((body, wanted))
+        status = await _bring(op, body, compiled, wanted, by_owner.get(name, {}))
+        if status is not None:
+            written.append((status, wanted))
     if written and not await probe(op, version or ""):
         logger.warning("Native enforcement: the API server did not load the generated objects within %.0fs; "
-                       "the webhooks keep judging %s", PROBE_TIMEOUT, ", ".join(object_key(b) for b, _ in written))
+                       "the webhooks keep judging %s", PROBE_TIMEOUT, ", ".join(s.name for s, _ in written))
         written = []
-    for body, wanted in written:
-        await _Status(body).write(op, wanted)
+    for status, wanted in written:
+        await status.write(op, wanted)
     for key, obj in held.items():
         if _owner(obj) not in known and key[1] != PROBE_NAME:
             await _delete(op, _version(obj), obj)   # its policy is gone (deleted while no replica ran)
     metrics.NATIVE_POLICIES.set(len(op.store.native_scopes))
+    return version
+
+
+def _body(op: Operator, name: str) -> dict[str, Any]:
+    """A loaded policy as far as native enforcement reads it: who it is, and its status."""
+    namespace, _, short = name.rpartition("/")
+    metadata = {"name": short, "uid": op.store.uids.get(name, ""), "generation": op.store.generations[name]}
+    if namespace:
+        metadata["namespace"] = namespace
+    return {"metadata": metadata, "status": op.store.statuses.get(name, {})}
 
 
 def decide(op: Operator, body: Mapping[str, Any], compiled: CompiledPolicy,
@@ -187,9 +200,9 @@ def _handed_back(op: Operator, compiled: CompiledPolicy) -> list[str] | None:
 
 
 async def _bring(op: Operator, body: Mapping[str, Any], compiled: CompiledPolicy, wanted: Wanted,
-                 held: Mapping[tuple[str, str], Mapping[str, Any]]) -> bool:
-    """Switch one policy toward ``wanted``; True when the objects are written and the caller, once
-    the probe has seen them in effect, is to set the status Native."""
+                 held: Mapping[tuple[str, str], Mapping[str, Any]]) -> _Status | None:
+    """Switch one policy toward ``wanted``; its status as written so far when the objects are
+    written and the caller, once the probe has seen them in effect, is to set it Native."""
     status = _Status(body)
     if not wanted.native:
         if status.native:
@@ -198,7 +211,7 @@ async def _bring(op: Operator, body: Mapping[str, Any], compiled: CompiledPolicy
             await status.write(op, wanted)
         for obj in held.values():
             await _delete(op, _version(obj), obj)
-        return False
+        return None
     desired = {(obj["kind"], obj["metadata"]["name"]): obj for obj in wanted.objects}
     missing = [key for key in desired if key not in held or held[key]["metadata"].get("deletionTimestamp")]
     # A binding outliving its policy object is not bound to the new one until written anew (1.28).
@@ -224,8 +237,9 @@ async def _bring(op: Operator, body: Mapping[str, Any], compiled: CompiledPolicy
         if key not in desired:
             await _delete(op, _version(obj), obj)
     body_native = (body.get("status") or {}).get("native") or {}
-    return bool(missing or drifted or not status.native or status.handed_back != set(wanted.handed_back)
-                or body_native.get("generation") != compiled.policy.generation)
+    changed = missing or drifted or not status.native or status.handed_back != set(wanted.handed_back) \
+        or body_native.get("generation") != compiled.policy.generation
+    return status if changed else None
 
 
 class _Status:
@@ -428,7 +442,7 @@ async def probe(op: Operator, version: str) -> bool:
                 "spec": {"failurePolicy": "Fail", "matchConstraints": {
                     "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
                                        "resources": ["events"]}],
-                    "namespaceSelector": {"matchLabels": {generate.NAMESPACE_NAME_LABEL: namespace}}},
+                    "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}}},
                          "validations": [{"expression": "false", "message": token}]}}
     binding = {"apiVersion": f"{GROUP}/{version}", "kind": BINDING, "metadata": {"name": PROBE_NAME, "labels": labels},
                "spec": {"policyName": PROBE_NAME, "validationActions": ["Deny"], "matchResources": {

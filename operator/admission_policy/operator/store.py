@@ -86,6 +86,7 @@ class PolicyStore:
         self.native_scopes: dict[str, frozenset[str]] = {}
         self.generations: dict[str, int] = {}            # loaded generation per policy
         self.uids: dict[str, str] = {}
+        self.statuses: dict[str, Mapping[str, Any]] = {}   # as last watched (native enforcement reads it)
         self.rejected: dict[str, Rejected] = {}
         self.namespaces: dict[str, Mapping[str, Any]] = {}
         self.registered: dict[str, int] = {}             # generation present in written configurations
@@ -125,7 +126,9 @@ class PolicyStore:
             self.forget(name, "its deletion began" if metadata.get("deletionTimestamp") else
                         f"our finalizer is not on it (resourceVersion {metadata.get('resourceVersion')})")
             return
-        self._observe_native(name, body.get("status"))
+        status = body.get("status")
+        self.statuses[name] = status if isinstance(status, Mapping) else {}
+        self._observe_native(name, status)
         generation = int(metadata.get("generation") or 0)
         if self.generations.get(name) == generation or (
                 name in self.rejected and self.rejected[name].generation == generation):
@@ -156,6 +159,7 @@ class PolicyStore:
     def forget(self, name: str, why: str) -> None:
         """Stop enforcing ``name`` (logged with ``why``); the configurations are rewritten without it."""
         self.rejected.pop(name, None)
+        self.statuses.pop(name, None)
         if name in self.generations:
             self.policies = self.policies.remove(name)
             self.native_scopes.pop(name, None)

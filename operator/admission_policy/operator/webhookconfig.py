@@ -19,6 +19,7 @@ from ..cluster.discovery import DiscoveredResource
 from ..cluster.routing import (
     CRDS,
     DOMAIN,
+    NAMESPACE_NAME_LABEL,
     NOT_OWN_CRD,
     Atoms,
     RouteRule,
@@ -43,7 +44,6 @@ VALIDATE_TENANT_POLICY_PATH = "/validate-tenant-policy"  # handler id "validate-
 POLICY_WEBHOOK_NAME = f"policies.validate.{DOMAIN}"
 TENANT_POLICY_WEBHOOK_NAME = f"tenant-policies.validate.{DOMAIN}"
 EXCEPTION_WEBHOOK_NAMES = (f"exceptions.validate.{DOMAIN}", f"exceptions.mutate.{DOMAIN}")
-NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 MAX_CONFLICT_RETRIES = 5
 
 

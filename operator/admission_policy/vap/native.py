@@ -12,16 +12,27 @@ build the same objects.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import weakref
 from collections.abc import Collection, Mapping
 from typing import Any, Final
 
 from .. import api, celast
 from ..cel import check
 from ..cellib import compat
-from ..cluster.routing import CRDS, NOT_OWN_CRD, ServedIndex, admission_rules, atoms, plural, routes
+from ..cluster.routing import (
+    CRDS,
+    NAMESPACE_NAME_LABEL,
+    NOT_OWN_CRD,
+    ServedIndex,
+    admission_rules,
+    atoms,
+    plural,
+    routes,
+)
 from ..engine import CompiledPolicy
-from ..engine.podcontrollers import JOB_TEMPLATE, POD_TEMPLATE, Location
+from ..engine.podcontrollers import JOB_TEMPLATE, POD_TEMPLATE, Location, selected
 from .objects import BINDING, GROUP, POLICY
 from .portability import Finding, kubernetes_cel, portability
 
@@ -35,7 +46,6 @@ GENERATION_ANNOTATION: Final = f"{api.GROUP}/policy-generation"
 # Kept on every generated object: one deleted by hand stays in effect, terminating, until the
 # operator has handed its policy back to the webhooks (make-before-break even then).
 FINALIZER: Final = f"{api.GROUP}/native"
-NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
 ACTIONS: Final[Mapping[str, str]] = {"Enforce": "Deny", "Warn": "Warn", "Audit": "Audit"}
 # ValidatingAdmissionPolicy: v1 from Kubernetes 1.30, v1beta1 from 1.28 (behind its gate until 1.30).
 VALIDATING_VERSIONS: Final = ("v1", "v1beta1")
@@ -67,11 +77,22 @@ class Plan:
 
 
 def blockers(compiled: CompiledPolicy, body: Mapping[str, Any], kubernetes: tuple[int, int]) -> list[Finding]:
-    """What Kubernetes (at this version) cannot decide as this operator does, field by field."""
+    """What Kubernetes (at this version) cannot decide as this operator does, field by field.
+    Checked once per compiled generation and version: the operator asks again on every pass."""
+    known = _BLOCKERS.setdefault(compiled, {})
+    if kubernetes not in known:
+        known[kubernetes] = tuple(_blockers(compiled, body, kubernetes))
+    return list(known[kubernetes])
+
+
+# The CEL compiles behind a verdict cost milliseconds per expression; a generation is immutable.
+_BLOCKERS: weakref.WeakKeyDictionary[CompiledPolicy, dict[tuple[int, int], tuple[Finding, ...]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _blockers(compiled: CompiledPolicy, body: Mapping[str, Any], kubernetes: tuple[int, int]) -> list[Finding]:
     policy = compiled.policy
-    portable = portability(compiled, body)
-    found = [*portable.blockers, *(need for need in portable.needs if _needed(need) > kubernetes)]
-    found += _older_libraries(compiled, kubernetes)
+    found = [*portability(compiled, body).blockers, *_newer_libraries(compiled, kubernetes)]
     if kubernetes < OPTIONAL_TYPES:
         found += [Finding(expression.path, f"uses CEL's optional syntax (.?field, ?key, optional.*), which Kubernetes "
                                            f"has from 1.29; this cluster is {kubernetes[0]}.{kubernetes[1]}")
@@ -235,6 +256,7 @@ class _NotNative(Exception):
         self.finding = finding
 
 
+@functools.lru_cache(maxsize=4096)
 def _source(source: str, template: Location, path: str) -> str:
     """The expression as written, or, for a workload's Pod template, reading the template where it
     read the Pod: ``object.spec`` and ``object.metadata.labels`` become the template's, while
@@ -247,9 +269,9 @@ def _source(source: str, template: Location, path: str) -> str:
     checked = celast.Checked.decode(check(kubernetes_cel().environment(), text).serialize())
     parents = {child.id: node for node in celast.walk(checked.root) for child in node.children()}
     nodes = {node.id: node for node in celast.walk(checked.root)}
-    positions = _positions(checked)
+    positions = checked.positions
     edits = set()
-    for node_id, name in _references(checked).items():
+    for node_id, name in checked.names.items():
         node = nodes.get(node_id)
         if name not in ("object", "oldObject") or node is None or node.kind != "ident" or node_id not in positions:
             continue
@@ -283,63 +305,19 @@ def _reads_template(node: celast.Expr, parents: Mapping[int, celast.Expr], name:
 
 
 def _field(parent: celast.Expr | None, child: celast.Expr) -> str | None:
-    """The field ``parent`` reads of ``child``: ``child.f``, ``has(child.f)``, ``child.?f``, ``child['f']``."""
-    if parent is None:
-        return None
-    if parent.kind == "select" and parent.target is child:
-        return parent.name
-    if parent.kind == "call" and parent.name in ("_?._", "_[_]", "_[?_]") and len(parent.args) == 2 \
-            and parent.args[0] is child and parent.args[1].kind == "const":
-        field = parent.args[1].constant()
-        return field if isinstance(field, str) else None
-    return None
-
-
-def _references(checked: celast.Checked) -> dict[int, str]:
-    """Node id → the variable an identifier names (the checker's reference map)."""
-    found = {}
-    for number, _, value in checked.fields:
-        if number != 2:
-            continue
-        key, reference = 0, b""
-        for n, _, v in celast.fields(value):
-            key, reference = (v, reference) if n == 1 else (key, v if n == 2 else reference)
-        for n, _, v in celast.fields(reference):
-            if n == 1:
-                found[key] = v.decode()
-    return found
-
-
-def _positions(checked: celast.Checked) -> dict[int, int]:
-    """Node id → offset in the source (the checker's source info)."""
-    found = {}
-    for number, _, value in checked.fields:
-        if number != 5:
-            continue
-        for n, _, v in celast.fields(value):
-            if n == 4:   # positions: map<int64, int32>
-                entry = dict((k, w) for k, _, w in celast.fields(v))
-                found[entry.get(1, 0)] = entry.get(2, 0)
-    return found
+    """The field ``parent`` reads of ``child`` (``child.f``, ``has(child.f)``, ``child.?f``, ``child['f']``)."""
+    found = selected(parent) if parent is not None else None
+    return found[1] if found is not None and found[0] is child else None
 
 
 # ---- versions ---------------------------------------------------------------------------------
 
 
-def _needed(need: Finding) -> tuple[int, int]:
-    """The Kubernetes version a portability ``needs`` finding names."""
-    words = need.message.split()
-    version = words[words.index("Kubernetes") + 1]
-    major, minor = version.split(".")[:2]
-    return int(major), int(minor)
-
-
-def _older_libraries(compiled: CompiledPolicy, kubernetes: tuple[int, int]) -> list[Finding]:
-    """What portability's baseline has and this cluster has not (a 1.28 API server has no IP or
-    CIDR functions): each expression that needs such a library."""
+def _newer_libraries(compiled: CompiledPolicy, kubernetes: tuple[int, int]) -> list[Finding]:
+    """Each expression that calls a library this cluster's Kubernetes does not have yet (a 1.28
+    API server has no IP or CIDR functions, a 1.32 one no semver)."""
     environment = kubernetes_cel()
-    newer = [library for library in environment.libraries if library.functions and _version(library.since) > kubernetes
-             and library not in environment.recent()]
+    newer = [library for library in environment.libraries if library.functions and _version(library.since) > kubernetes]
     return [Finding(expression.path, f"needs Kubernetes {library.since} or later (library {library.name}); "
                                      f"this cluster is {kubernetes[0]}.{kubernetes[1]}")
             for expression in compiled.policy.expressions() for library in newer
