@@ -235,6 +235,9 @@ def test_operator_cluster_role_is_exactly_what_the_operator_uses(chart: helm.Cha
     for kind in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):
         allow("admissionregistration.k8s.io", kind, "create")
         allow("admissionregistration.k8s.io", kind, "get list watch update", config)
+    # Native enforcement (operator/native.py): the generated ValidatingAdmissionPolicies and bindings.
+    for kind in ("validatingadmissionpolicies", "validatingadmissionpolicybindings"):
+        allow("admissionregistration.k8s.io", kind, "get list create update patch delete")
     allow("kopf.dev", "clusterkopfpeerings", "list watch")
     allow("kopf.dev", "clusterkopfpeerings", "patch", peering)
     # Policies' authorizer checks: a SubjectAccessReview each (operator/authorizer.py).

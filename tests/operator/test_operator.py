@@ -114,6 +114,8 @@ async def test_a_watch_too_old_to_resume_lists_again_at_once(
     async with operator_running(run_operator):
         await emulator.create(ADMISSION_POLICIES, policy_body("first", validations=DENY_BAD))
         await wait_phase(emulator, "first", "Active")
+        # ... and native enforcement has said who enforces it: the policy is written no more.
+        await wait_for(lambda: "native" in ((emulator.peek(ADMISSION_POLICIES, "first") or {}).get("status") or {}))
         before = lists()
         # Something else is written, then history is compacted: resuming from the policies' last
         # resourceVersion is now 410 Gone.

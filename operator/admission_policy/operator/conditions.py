@@ -24,6 +24,7 @@ GATED_OFF: Final = "FeatureGateDisabled"
 INPUTS_SYNCED: Final = "InputsSynced"
 NOT_SYNCED: Final = "NotSynced"
 OVER_MAX_OBJECTS: Final = "OverMaxObjects"
+_OWN_CONDITIONS: Final = frozenset({COMPILED, REGISTERED, READY, PLUGINS_ENABLED, INPUTS_SYNCED})
 
 # Registered=False for this reason is the operator's own trouble (its webhook configurations were
 # deleted or edited and cannot be written back), retried by itself: Pending, not Degraded, which
@@ -151,6 +152,8 @@ def status_patch(
         conditions.append(condition_entry(previous.get(INPUTS_SYNCED), observation.inputs, generation, now))
     elif INPUTS_SYNCED in previous and not observation.reports_inputs:
         conditions.append(dict(previous[INPUTS_SYNCED]))
+    # A condition another writer owns (native enforcement's ``Native``) stays as it was.
+    conditions += [dict(c) for kind, c in previous.items() if kind not in _OWN_CONDITIONS]
     patch: dict[str, Any] = {"phase": observation.phase, "observedGeneration": generation, "conditions": conditions}
     if observation.reports_pod_controllers:   # a merge patch: None removes what an older generation had
         patch["podControllers"] = dict(observation.pod_controllers) if observation.pod_controllers else None

@@ -42,7 +42,7 @@ from ..engine import CompiledPolicy
 from ..vap import native as generate
 from ..vap.objects import BINDING, GROUP, POLICY
 from . import conditions, metrics
-from .policyio import write_status
+from .policyio import read_policy, write_status
 from .state import Operator, now
 from .store import object_key
 from .webhookconfig import equivalent
@@ -54,6 +54,7 @@ PROBE_NAME: Final = "admission-policy-operator.probe"
 PROBE_TIMEOUT: Final = 15.0              # seconds for the API server to load what was written
 INTERVAL: Final = 30.0                   # re-check at least this often (discovery, expiry)
 WEBHOOK_SETTLE: Final = 5.0              # seconds for the API server to route a configuration just written
+MAX_CONFLICTS: Final = 5                 # status writes retried onto a status that changed meanwhile
 POLL: Final = 2.0                        # how often the generated objects are listed for changes
 SWITCH_TIMEOUT: Final = 30.0             # for the replicas to route a policy handed back
 _PLURALS: Final = {POLICY: "validatingadmissionpolicies", BINDING: "validatingadmissionpolicybindings"}
@@ -262,7 +263,8 @@ class _Status:
         return set((self.status.get("native") or {}).get("handedBack") or ())
 
     async def write(self, op: Operator, wanted: Wanted) -> None:
-        """status.native and the Native condition, written only when they change."""
+        """status.native and the Native condition, written only when they change, onto the status
+        as it is now: the conditions list is written whole, and reconciliation writes it too."""
         generation = int(self.body["metadata"].get("generation") or 0)
         native: dict[str, Any] = {
             "enforcedBy": "Native" if wanted.native else "Webhook", "reason": wanted.reason, "message": wanted.message,
@@ -270,21 +272,34 @@ class _Status:
             "objects": [{"apiVersion": o["apiVersion"], "kind": o["kind"], "name": o["metadata"]["name"]}
                         for o in wanted.objects]}
         old = self.status.get("native") or {}
-        previous = [c for c in self.status.get("conditions") or [] if isinstance(c, Mapping)]
-        mine = next((c for c in previous if c.get("type") == NATIVE), None)
-        if {key: old.get(key) for key in native} == native and mine is not None \
-                and (mine.get("reason"), mine.get("message")) == (wanted.reason, wanted.message):
+        if self._written(native, wanted):
             return
         condition = conditions.Condition(NATIVE, "True" if wanted.native else "False", wanted.reason, wanted.message)
-        patch = {"native": native, "conditions": [c for c in previous if c.get("type") != NATIVE] + [
-            conditions.condition_entry(mine, condition, generation, now())]}
-        await write_status(op, self.name, patch)
-        self.status.update(patch)
+        for _ in range(MAX_CONFLICTS):
+            current = await read_policy(op, self.name)
+            self.status = dict(current.get("status") or {})
+            previous = [c for c in self.status.get("conditions") or [] if isinstance(c, Mapping)]
+            mine = next((c for c in previous if c.get("type") == NATIVE), None)
+            patch = {"native": native, "conditions": [c for c in previous if c.get("type") != NATIVE] + [
+                conditions.condition_entry(mine, condition, generation, now())]}
+            if await write_status(op, self.name, patch, current["metadata"].get("resourceVersion")):
+                self.status.update(patch)
+                break
+        else:
+            raise RuntimeError(f"the status of {self.name} kept changing during {MAX_CONFLICTS} attempts")
         if wanted.native and old.get("enforcedBy") != "Native":
             logger.info("%s %s: enforced natively (%s)", api.kind_of(self.name), self.name, wanted.message)
             await op.events.post_policy(op.api_client, self.name, self.body["metadata"].get("uid"), type_="Normal",
                                         reason="EnforcedNatively", message=wanted.message)
             metrics.NATIVE_SWITCHES.labels(to="Native").inc()
+
+    def _written(self, native: Mapping[str, Any], wanted: Wanted) -> bool:
+        """Whether the status (as last seen) already says this."""
+        old = self.status.get("native") or {}
+        mine = next((c for c in self.status.get("conditions") or [] if isinstance(c, Mapping)
+                     and c.get("type") == NATIVE), None)
+        return {key: old.get(key) for key in native} == native and mine is not None \
+            and (mine.get("reason"), mine.get("message")) == (wanted.reason, wanted.message)
 
 
 async def _hand_back(op: Operator, status: _Status, wanted: Wanted) -> None:

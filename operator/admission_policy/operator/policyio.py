@@ -29,9 +29,26 @@ async def list_policies(op: Operator) -> list[kopf.Body]:
     return found
 
 
-async def write_status(op: Operator, name: str, new_status: Mapping[str, Any]) -> None:
-    """A status write now (not at the handler's end), so `kubectl get ap -w` shows the step."""
+async def write_status(op: Operator, name: str, new_status: Mapping[str, Any],
+                       resource_version: str | None = None) -> bool:
+    """A status write now (not at the handler's end), so `kubectl get ap -w` shows the step. With
+    ``resource_version``, only onto that version: False when the policy changed since (409)."""
+    body: dict[str, Any] = {"status": dict(new_status)}
+    if resource_version is not None:
+        body["metadata"] = {"resourceVersion": resource_version}
     code, answer = await call_json(op.api_client, "PATCH", policy_path(name) + "/status",
-                                   body={"status": dict(new_status)}, content_type="application/merge-patch+json")
+                                   body=body, content_type="application/merge-patch+json")
+    if code == 409 and resource_version is not None:
+        return False
     if not 200 <= code <= 299:
         raise client.ApiException(status=code, reason=message_of(answer))
+    return True
+
+
+async def read_policy(op: Operator, name: str) -> Mapping[str, Any]:
+    """The policy as the API server holds it now."""
+    code, answer = await call_json(op.api_client, "GET", policy_path(name))
+    if not 200 <= code <= 299:
+        raise client.ApiException(status=code, reason=message_of(answer))
+    found: Mapping[str, Any] = answer
+    return found
