@@ -42,7 +42,7 @@ from ..engine import CompiledPolicy
 from ..vap import native as generate
 from ..vap.objects import BINDING, GROUP, POLICY
 from . import conditions, metrics
-from .policyio import read_policy, write_status
+from .policyio import write_status
 from .state import Operator, now
 from .store import object_key
 from .webhookconfig import equivalent
@@ -54,6 +54,7 @@ PROBE_NAME: Final = "admission-policy-operator.probe"
 PROBE_TIMEOUT: Final = 15.0              # seconds for the API server to load what was written
 INTERVAL: Final = 30.0                   # re-check at least this often (discovery, expiry)
 WEBHOOK_SETTLE: Final = 5.0              # seconds for the API server to route a configuration just written
+CONFLICT_PAUSE: Final = 0.2
 MAX_CONFLICTS: Final = 5                 # status writes retried onto a status that changed meanwhile
 POLL: Final = 2.0                        # how often the generated objects are listed for changes
 SWITCH_TIMEOUT: Final = 30.0             # for the replicas to route a policy handed back
@@ -162,7 +163,7 @@ def _body(op: Operator, name: str) -> dict[str, Any]:
     metadata = {"name": short, "uid": op.store.uids.get(name, ""), "generation": op.store.generations[name]}
     if namespace:
         metadata["namespace"] = namespace
-    return {"metadata": metadata, "status": op.store.statuses.get(name, {})}
+    return {"metadata": metadata, "status": op.store.statuses.get(name, ({}, ""))[0]}
 
 
 def decide(op: Operator, body: Mapping[str, Any], compiled: CompiledPolicy,
@@ -264,7 +265,8 @@ class _Status:
 
     async def write(self, op: Operator, wanted: Wanted) -> None:
         """status.native and the Native condition, written only when they change, onto the status
-        as it is now: the conditions list is written whole, and reconciliation writes it too."""
+        as last watched and only if it is still that (its resourceVersion): the conditions list is
+        written whole, and reconciliation writes it too."""
         generation = int(self.body["metadata"].get("generation") or 0)
         native: dict[str, Any] = {
             "enforcedBy": "Native" if wanted.native else "Webhook", "reason": wanted.reason, "message": wanted.message,
@@ -276,15 +278,16 @@ class _Status:
             return
         condition = conditions.Condition(NATIVE, "True" if wanted.native else "False", wanted.reason, wanted.message)
         for _ in range(MAX_CONFLICTS):
-            current = await read_policy(op, self.name)
-            self.status = dict(current.get("status") or {})
+            watched, version = op.store.statuses.get(self.name, ({}, ""))
+            self.status = dict(watched)
             previous = [c for c in self.status.get("conditions") or [] if isinstance(c, Mapping)]
             mine = next((c for c in previous if c.get("type") == NATIVE), None)
             patch = {"native": native, "conditions": [c for c in previous if c.get("type") != NATIVE] + [
                 conditions.condition_entry(mine, condition, generation, now())]}
-            if await write_status(op, self.name, patch, current["metadata"].get("resourceVersion")):
+            if await write_status(op, self.name, patch, version or None):
                 self.status.update(patch)
                 break
+            await asyncio.sleep(CONFLICT_PAUSE)   # the watch brings the newer status
         else:
             raise RuntimeError(f"the status of {self.name} kept changing during {MAX_CONFLICTS} attempts")
         if wanted.native and old.get("enforcedBy") != "Native":

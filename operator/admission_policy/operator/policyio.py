@@ -9,7 +9,7 @@ import kopf
 from kubernetes_asyncio import client
 
 from .. import api
-from ..cluster.client import call_json, message_of, resource_path
+from ..cluster.client import call_json, message_of
 from .state import Operator
 from .store import policy_path
 
@@ -43,18 +43,3 @@ async def write_status(op: Operator, name: str, new_status: Mapping[str, Any],
     if not 200 <= code <= 299:
         raise client.ApiException(status=code, reason=message_of(answer))
     return True
-
-
-async def read_policy(op: Operator, name: str) -> Mapping[str, Any]:
-    """The policy as the API server holds it now: listed by name, as the chart grants list, not get."""
-    namespace, _, short = name.rpartition("/")
-    path = resource_path(api.GROUP, api.VERSION, api.NAMESPACED_PLURAL if namespace else api.PLURAL,
-                         namespace=namespace)
-    code, answer = await call_json(op.api_client, "GET", path, query=[("fieldSelector", f"metadata.name={short}")])
-    if not 200 <= code <= 299:
-        raise client.ApiException(status=code, reason=message_of(answer))
-    items = answer.get("items") or []
-    if not items:
-        raise client.ApiException(status=404, reason=f"{api.kind_of(name)} {name} is gone")
-    found: Mapping[str, Any] = items[0]
-    return found

@@ -86,7 +86,8 @@ class PolicyStore:
         self.native_scopes: dict[str, frozenset[str]] = {}
         self.generations: dict[str, int] = {}            # loaded generation per policy
         self.uids: dict[str, str] = {}
-        self.statuses: dict[str, Mapping[str, Any]] = {}   # as last watched (native enforcement reads it)
+        # Each policy's status and resourceVersion as last watched: native enforcement writes onto them.
+        self.statuses: dict[str, tuple[Mapping[str, Any], str]] = {}
         self.rejected: dict[str, Rejected] = {}
         self.namespaces: dict[str, Mapping[str, Any]] = {}
         self.registered: dict[str, int] = {}             # generation present in written configurations
@@ -127,7 +128,7 @@ class PolicyStore:
                         f"our finalizer is not on it (resourceVersion {metadata.get('resourceVersion')})")
             return
         status = body.get("status")
-        self.statuses[name] = status if isinstance(status, Mapping) else {}
+        self.statuses[name] = (status if isinstance(status, Mapping) else {}, str(metadata.get("resourceVersion", "")))
         self._observe_native(name, status)
         generation = int(metadata.get("generation") or 0)
         if self.generations.get(name) == generation or (
