@@ -297,9 +297,15 @@ class ControlPlane:
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def restart_apiserver(self, grace: float = 30.0) -> None:
-        """Stop the API server and start it again on the same port (its clients reconnect)."""
+    def restart_apiserver(self, grace: float = 30.0, *, admission_policies: bool | None = None) -> None:
+        """Stop the API server and start it again on the same port (its clients reconnect).
+        ``admission_policies``: False drops the flags that serve the admission-policy APIs (a
+        cluster downgraded, or with their gates turned off), True puts them back; None keeps them."""
         self.stop_apiserver(grace)
+        if admission_policies is not None:
+            flags = set(self.admission_policy_flags.apiserver)
+            extra = [arg for arg in self._apiserver_args if arg not in flags]
+            self._apiserver_args = [*self.admission_policy_flags.apiserver, *extra] if admission_policies else extra
         self.start_apiserver()
 
     def stop_apiserver(self, grace: float = 30.0) -> None:

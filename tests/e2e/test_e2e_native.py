@@ -1,19 +1,23 @@
-"""Native enforcement on a real API server: a policy Kubernetes can run becomes a generated
-ValidatingAdmissionPolicy and binding, keeps enforcing with the operator stopped, and goes back
-to the webhooks.
+"""Native enforcement on a real API server, on both control planes (1.28: ValidatingAdmissionPolicy
+v1beta1; 1.32: v1): a policy Kubernetes can run becomes a generated ValidatingAdmissionPolicy and
+binding, keeps enforcing with the operator stopped, and changes hands without a request judged
+wrongly — a steady stream of requests runs through every switch.
 
-The policy here uses no optional syntax, so that it ports to Kubernetes 1.28 (v1beta1, whose CEL
-has no optionals) as well as to 1.32 (v1). The session's operator judges every other test's
-policies itself (``AP_NATIVE_DEFAULT=Never``); this one says ``spec.native: Auto``.
+The policy here uses no optional syntax, so that it ports to Kubernetes 1.28 (whose CEL has no
+optionals) as well as to 1.32. The session's operators judge every other test's policies
+themselves (``AP_NATIVE_DEFAULT=Never``); this one says ``spec.native: Auto``.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pykube
 import pytest
-from e2e_kube import AdmissionPolicy, Answer, Cluster, OperatorProcess, Policies, eventually, policy_body, unique
+from e2e_kube import AdmissionPolicy, Answer, Cluster, Policies, Target, eventually, policy_body, unique
+from envtest import ControlPlane
+from traffic import Sent, Traffic
 
 GROUP = "admissionregistration.k8s.io"
 
@@ -59,13 +63,17 @@ def _wait_enforced_by(cluster: Cluster, name: str, who: str, reason: str = "", t
 
 
 def _generated(cluster: Cluster, version: str, name: str) -> list[str]:
+    return sorted(f"{plural}/{item['metadata']['name']}" for plural, item in _generated_objects(cluster, version, name))
+
+
+def _generated_objects(cluster: Cluster, version: str, name: str) -> list[tuple[str, dict[str, Any]]]:
     found = []
     for plural in ("validatingadmissionpolicies", "validatingadmissionpolicybindings"):
         answer = cluster.raw("GET", f"/apis/{GROUP}/{version}/{plural}",
                              params={"labelSelector": f"policy-operator.dev/policy-name={name}"})
         assert answer.ok, answer
-        found += [f"{plural}/{item['metadata']['name']}" for item in answer.obj.get("items", [])]
-    return sorted(found)
+        found += [(plural, item) for item in answer.obj.get("items", [])]
+    return found
 
 
 def _answer(cluster: Cluster, namespace: str, bad: bool) -> Answer:
@@ -83,57 +91,183 @@ def _judged_right(cluster: Cluster, namespace: str, bad: bool) -> bool:
     return _right(_answer(cluster, namespace, bad), bad)
 
 
-@pytest.fixture
-def native_namespace(namespace: Any) -> Iterator[str]:
-    yield namespace()
+def _stream_body(namespace: str, name: str) -> dict[str, Any]:
+    """Even clients send what the policy refuses, odd ones what it admits (``Sent`` keeps the client)."""
+    body = _configmap(namespace, bad=int(name.split("-")[1]) % 2 == 0)
+    body["metadata"]["name"] = name
+    return body
 
 
-def test_a_portable_policy_is_enforced_natively_and_handed_back_without_a_wrong_answer(
-        cluster: Cluster, operator: OperatorProcess, policies: Policies, native_namespace: str) -> None:
+def _wrong(answers: list[Sent]) -> list[Sent]:
+    """Every answer but the policy's: a refusal with its message of what it refuses, an admission of
+    the rest. An error (no answer, a webhook that failed) counts as wrong as well."""
+    return [a for a in answers if not ((a.status in (403, 422) and "the label 'forbidden' is not allowed" in a.message)
+                                       if a.client % 2 == 0 else a.allowed)]
+
+
+class _Switches:
+    """A stream of requests through a sequence of switches, each waited for, then a few more
+    seconds of requests: the answers of each step, to count the wrong ones per switch."""
+
+    def __init__(self, traffic: Traffic) -> None:
+        self.traffic = traffic
+        self.steps: list[tuple[str, int, int]] = []
+
+    def step(self, what: str, switch: Callable[[], object], settle: float = 3.0) -> None:
+        first = len(self.traffic.answers)
+        switch()
+        time.sleep(settle)
+        self.traffic.wait(20, 60)   # flowing still
+        self.steps.append((what, first, len(self.traffic.answers)))
+
+    def report(self) -> dict[str, tuple[int, list[str]]]:
+        answers = list(self.traffic.answers)
+        return {what: (end - first, [str(a) for a in _wrong(answers[first:end])[:5]])
+                for what, first, end in self.steps}
+
+
+def test_a_portable_policy_changes_hands_without_a_wrong_answer(
+        native_target: Target, target_namespace: Callable[..., str], target_policies: Policies) -> None:
+    """Webhook → Native, a generated policy deleted by hand and written back, Native → Webhook
+    (``Never``) and back: a request stream never sees the policy missing or judged twice wrongly."""
+    cluster = native_target.cluster
     version = _vap_version(cluster)
+    namespace = target_namespace()
     name = unique("native-labels", 50)
-    policies.apply(_policy(name, native_namespace))
-    native = _wait_enforced_by(cluster, name, "Native")
-    assert native["reason"] == "Generated"
-    assert _generated(cluster, version, name) == sorted(
-        [f"validatingadmissionpolicies/ap.policy.{name}", f"validatingadmissionpolicybindings/ap.policy.{name}"])
-    assert {o["kind"] for o in native["objects"]} == {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    target_policies.apply(_policy(name, namespace))   # Active: the webhooks judge it meanwhile
+    vap = f"/apis/{GROUP}/{version}/validatingadmissionpolicies/ap.policy.{name}"
+
+    def uid() -> str:
+        answer = cluster.raw("GET", vap)
+        return str(answer.obj["metadata"]["uid"]) if answer.ok else ""
+
+    def rewritten(before: str) -> None:
+        eventually(lambda: (uid(), _native_status(cluster, name)), lambda found: found[0] not in ("", before)
+                   and found[1].get("enforcedBy") == "Native" and found[1].get("reason") == "Generated",
+                   f"ValidatingAdmissionPolicy ap.policy.{name} written back and enforced", 90)
+
+    with Traffic(cluster, namespace, clients=4, body=_stream_body) as traffic:
+        switches = _Switches(traffic)
+        traffic.wait(20, 60)
+        switches.step("webhook to native", lambda: _wait_enforced_by(cluster, name, "Native", "Generated"))
+        native = _native_status(cluster, name)
+        assert _generated(cluster, version, name) == sorted(
+            [f"validatingadmissionpolicies/ap.policy.{name}", f"validatingadmissionpolicybindings/ap.policy.{name}"])
+        assert {o["kind"] for o in native["objects"]} == {"ValidatingAdmissionPolicy",
+                                                          "ValidatingAdmissionPolicyBinding"}
+        before = uid()
+        switches.step("generated policy deleted by hand",
+                      lambda: (cluster.raw("DELETE", vap), rewritten(before)))
+        switches.step("switched to Never", lambda: (
+            cluster.merge_patch(AdmissionPolicy, name, {"spec": {"native": "Never"}}),
+            _wait_enforced_by(cluster, name, "Webhook", "Disabled"),
+            eventually(lambda: _generated(cluster, version, name), lambda found: not found,
+                       "the generated objects to be deleted", 60)))
+        switches.step("back to Auto", lambda: (
+            cluster.merge_patch(AdmissionPolicy, name, {"spec": {"native": "Auto"}}),
+            _wait_enforced_by(cluster, name, "Native", "Generated")))
+    report = switches.report()
+    print(f"requests per switch on {native_target.version}:", {what: count for what, (count, _) in report.items()})
+    assert all(count >= 20 for count, _ in report.values()), report
+    assert all(not wrong for _, wrong in report.values()), report
+
+    # Edited by hand (a cluster admin's doing, in effect at once): written back as generated.
+    answer = cluster.raw("GET", vap)
+    edited = {**answer.obj, "spec": {**answer.obj["spec"], "validations": [{"expression": "true"}]}}
+    assert cluster.raw("PUT", vap, body=edited).ok
+    eventually(lambda: cluster.raw("GET", vap).obj["spec"]["validations"][0]["expression"],
+               lambda expression: expression != "true", "the edited policy to be written back", 60)
+
     listing = cluster.kubectl("get", "admissionpolicy", name).stdout
     assert "ENFORCED-BY" in listing and "Native" in listing
-    for bad in (True, False):
-        answer = _answer(cluster, native_namespace, bad)
-        assert _right(answer, bad), answer
-
-    # Every replica down: Kubernetes still refuses what the policy refuses.
-    operator.stop()
-    try:
-        for bad in (True, False, True):
-            assert _judged_right(cluster, native_namespace, bad), f"with the operator stopped, bad={bad}"
-    finally:
-        operator.start()
-
-    # Switched to Never: back to the webhooks, the generated objects removed.
-    assert cluster.merge_patch(AdmissionPolicy, name, {"spec": {"native": "Never"}}).ok
-    native = _wait_enforced_by(cluster, name, "Webhook", "Disabled")
-    eventually(lambda: _generated(cluster, version, name), lambda found: not found,
-               "the generated objects to be deleted", 60)
-    eventually(lambda: _judged_right(cluster, native_namespace, bad=True), bool,
-               "the webhooks to refuse what the policy refuses", 30)
-
-    # Back to Kubernetes; deleting the policy deletes what was generated.
-    assert cluster.merge_patch(AdmissionPolicy, name, {"spec": {"native": "Auto"}}).ok
-    _wait_enforced_by(cluster, name, "Native")
-    assert len(_generated(cluster, version, name)) == 2
-    policies.delete(name)
+    target_policies.delete(name)
     assert _generated(cluster, version, name) == []
 
 
+def test_natively_enforced_policies_keep_refusing_with_every_replica_down(
+        native_target: Target, target_namespace: Callable[..., str], target_policies: Policies) -> None:
+    cluster, operator = native_target.cluster, native_target.operator
+    namespace = target_namespace()
+    name = unique("native-down", 50)
+    target_policies.apply(_policy(name, namespace))
+    _wait_enforced_by(cluster, name, "Native", "Generated")
+    operator.stop()
+    try:
+        for bad in (True, False, True):
+            assert _judged_right(cluster, namespace, bad), f"with the operator stopped, bad={bad}"
+    finally:
+        operator.start()
+
+
 def test_what_does_not_port_stays_on_the_webhook_and_says_why(
-        cluster: Cluster, operator: OperatorProcess, policies: Policies, native_namespace: str) -> None:
+        native_target: Target, target_namespace: Callable[..., str], target_policies: Policies) -> None:
+    cluster = native_target.cluster
     name = unique("native-reported", 50)
-    policies.apply(_policy(name, native_namespace, enforcement="Warn", reportAdmission=True))
+    target_policies.apply(_policy(name, target_namespace(), enforcement="Warn", reportAdmission=True))
     native = _wait_enforced_by(cluster, name, "Webhook")
     assert native["reason"] == "NotPortable" and "spec.reportAdmission" in native["message"], native
     assert native["objects"] == []
     condition = next(c for c in cluster.get(AdmissionPolicy, name).obj["status"]["conditions"] if c["type"] == "Native")
     assert (condition["status"], condition["reason"]) == ("False", "NotPortable")
+
+
+def test_the_api_servers_type_checking_warnings_reach_the_policys_status(
+        native_target: Target, target_namespace: Callable[..., str], target_policies: Policies) -> None:
+    """kube-controller-manager type-checks a generated policy against ConfigMap's schema; its
+    warning (a misspelt field) is shown at the policy's own field."""
+    cluster = native_target.cluster
+    name = unique("native-typed", 50)
+    body = _policy(name, target_namespace())
+    body["spec"]["validations"].append({"expression": "!has(object.metadata.nmae)", "message": "never"})
+    target_policies.apply(body)
+    native = eventually(lambda: _native_status(cluster, name), lambda found: bool(found.get("typeChecking")),
+                        f"AdmissionPolicy {name} to show the type checking of its generated policy", 90)
+    assert [(w["object"], w["fieldRef"]) for w in native["typeChecking"]] == [
+        (f"ap.policy.{name}", "spec.validations[1].expression")], native
+    assert "nmae" in native["typeChecking"][0]["warning"], native
+
+
+def test_an_api_no_longer_served_hands_the_policies_back_to_the_webhooks(
+        control_plane: ControlPlane | None, cluster: Cluster, policies: Policies,
+        namespace: Callable[..., str]) -> None:
+    """The API server restarted without the ValidatingAdmissionPolicy API (a downgrade, its gate
+    turned off) enforces the generated policies no more, from its first request: the webhooks must
+    take them back at once. Nothing can be made before that break (the operator learns of it from
+    the API server it restarted), so the test measures the window, and asserts that it closes
+    within seconds and that nothing is judged wrongly after."""
+    if control_plane is None or not (1, 26) <= control_plane.version < (1, 30):
+        pytest.skip("needs the session's envtest plane with ValidatingAdmissionPolicy behind its gate (1.26-1.29), "
+                    "to restart it without")
+    ns = namespace()
+    name = unique("native-downgraded", 50)
+    policies.apply(_policy(name, ns))
+    _wait_enforced_by(cluster, name, "Native", "Generated")
+    try:
+        with Traffic(cluster, ns, clients=4, body=_stream_body, pace=0.02) as traffic:
+            traffic.wait(20, 60)
+            down = time.monotonic()
+            control_plane.restart_apiserver(3.0, admission_policies=False)
+            up = time.monotonic()   # ready: answering as it will from now on
+            _wait_enforced_by(cluster, name, "Webhook", "APIUnavailable", timeout=60)
+            handed = time.monotonic()
+            time.sleep(3)
+            traffic.wait(100, 60)
+        # The API server's own errors while it stops and starts (503, no answer) are no judgement.
+        answered = [a for a in traffic.answers if a.sent >= down and 0 < a.status < 500]
+        wrong = _wrong(answered)
+        window = [a.sent - up for a in wrong] or [0.0]
+        print(f"API no longer served: ready {up - down:.1f}s after the restart began, handed back {handed - up:.1f}s "
+              f"later; {len(wrong)} of {len(answered)} answers wrong, sent {min(window):.1f}s to {max(window):.1f}s "
+              f"from ready: {sorted({(a.client % 2 == 0, a.status) for a in wrong})}")
+        assert handed - up < 20, f"handed back {handed - up:.1f}s after the API server was ready"
+        # The status says Webhook first; the webhook configuration follows within the seconds the
+        # operator gives the API server to load it (operator/native.py's WEBHOOK_SETTLE).
+        late = [str(a) for a in wrong if a.sent > handed + 5]
+        assert not late, late[:5]
+        assert not [a for a in wrong if a.client % 2], "a request the policy admits was refused"
+    finally:
+        control_plane.restart_apiserver(3.0, admission_policies=True)
+    # Served again: back to the API server, whose objects were kept.
+    _wait_enforced_by(cluster, name, "Native", "Generated")
+    for bad in (True, False):
+        assert _judged_right(cluster, ns, bad)

@@ -27,11 +27,11 @@ before the sentinel's two.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import secrets
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -69,6 +69,17 @@ class Wanted:
     message: str
     objects: tuple[dict[str, Any], ...] = ()
     handed_back: tuple[str, ...] = ()
+    type_checking: tuple[dict[str, str], ...] = ()   # the API server's warnings on the objects
+
+
+class _Refused(RuntimeError):
+    """The API server refused a generated object as invalid (422): its CEL compiles here but not
+    there (Kubernetes' stricter checks, e.g. list and map literals of one element type)."""
+
+
+# The API server's refusal of a generation's objects, and its API version: that generation stays
+# on the webhook rather than being tried again every pass (a new generation, or API, tries again).
+_REFUSED: weakref.WeakKeyDictionary[CompiledPolicy, tuple[str, str]] = weakref.WeakKeyDictionary()
 
 
 async def keep_native(op: Operator) -> None:
@@ -78,6 +89,7 @@ async def keep_native(op: Operator) -> None:
     while True:
         policies, exceptions = op.store.policies_changed(), op.exceptions.changed()
         version = None
+        wake = _next_wake(op)
         try:
             if op.store.policies_loaded.is_set() and op.exceptions.loaded.is_set() and await op.reconciles():
                 version = await sync(op)
@@ -85,11 +97,12 @@ async def keep_native(op: Operator) -> None:
             raise
         except Exception as exc:
             logger.warning("Native enforcement: a pass failed, retrying: %s", exc)
+            wake = POLL   # e.g. the API server restarting: maybe without the API it had
         waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(event.wait()) for event in (policies, exceptions)]
         if version is not None:
             waits.append(asyncio.ensure_future(_generated_changed(op, version)))
         try:
-            await asyncio.wait(waits, timeout=_next_wake(op), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, timeout=wake, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for waiting in waits:
                 waiting.cancel()
@@ -97,17 +110,23 @@ async def keep_native(op: Operator) -> None:
 
 
 async def _generated_changed(op: Operator, version: str) -> None:
-    """Returns once a generated object is deleted or edited by hand: a cheap labelled listing every
-    ``POLL`` seconds (the objects are few), rather than a watch per API version."""
+    """Returns once a generated object is deleted or edited by hand, or the objects can no longer be
+    listed (the API server restarted without the API: the webhooks must take the policies back at
+    once, it enforces them no more): a cheap labelled listing every ``POLL`` seconds (the objects
+    are few; their status too, for its type checking), rather than a watch per API version."""
     seen = None
     while True:
-        with contextlib.suppress(Exception):
+        try:
             held = await list_generated(op, version)
-            now_seen = {key: (obj["metadata"].get("resourceVersion"), obj["metadata"].get("deletionTimestamp"))
-                        for key, obj in held.items() if key[1] != PROBE_NAME}
-            if seen is not None and now_seen != seen:
-                return
-            seen = now_seen
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            return
+        now_seen = {key: (obj["metadata"].get("resourceVersion"), obj["metadata"].get("deletionTimestamp"))
+                    for key, obj in held.items() if key[1] != PROBE_NAME}
+        if seen is not None and now_seen != seen:
+            return
+        seen = now_seen
         await asyncio.sleep(POLL)
 
 
@@ -140,10 +159,25 @@ async def sync(op: Operator) -> str | None:
         compiled = op.store.policies.get(name)
         if compiled is None:
             continue
+        mine = by_owner.get(name, {})
         wanted = decide(op, body, compiled, target)
-        status = await _bring(op, body, compiled, wanted, by_owner.get(name, {}))
+        try:
+            try:
+                status = await _bring(op, body, compiled, wanted, mine)
+            except _Refused as refusal:
+                assert target is not None
+                _REFUSED[compiled] = (target.version, str(refusal))
+                wanted = decide(op, body, compiled, target)
+                status = await _bring(op, body, compiled, wanted, await _held_by(op, target.version, name))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:   # one policy's trouble holds up no other
+            logger.warning("Native enforcement of %s %s failed, retrying: %s", api.kind_of(name), name, exc)
+            continue
         if status is not None:
             written.append((status, wanted))
+        elif wanted.native:
+            await _Status(body).write(op, dataclasses.replace(wanted, type_checking=_type_checking(compiled, mine)))
     if written and not await probe(op, version or ""):
         logger.warning("Native enforcement: the API server did not load the generated objects within %.0fs; "
                        "the webhooks keep judging %s", PROBE_TIMEOUT, ", ".join(s.name for s, _ in written))
@@ -183,11 +217,38 @@ def decide(op: Operator, body: Mapping[str, Any], compiled: CompiledPolicy,
     result = generate.plan(compiled, body, target, handed_back)
     if not result.native:
         return Wanted(False, "NotPortable", "; ".join(str(b) for b in result.blockers))
+    refused = _REFUSED.get(compiled)
+    if refused is not None and refused[0] == target.version:
+        return Wanted(False, "NotPortable", f"the API server refused the generated objects: {refused[1]}")
     objects = tuple(_owned(obj, body) for obj in result.objects)
     message = f"enforced by the API server: {len(objects) // 2} ValidatingAdmissionPolicy and binding pair(s)"
     if handed_back:
         message += f"; the webhooks judge it in {', '.join(handed_back)} (exceptions in force there)"
     return Wanted(True, "Generated", message, objects, tuple(handed_back))
+
+
+def _type_checking(compiled: CompiledPolicy, held: Mapping[tuple[str, str], Mapping[str, Any]]
+                   ) -> tuple[dict[str, str], ...]:
+    """The type-checking warnings kube-controller-manager wrote on this generation's objects, each
+    at the policy's own field (a generated object's match conditions begin with the operator's)."""
+    found = []
+    for (kind, name), obj in sorted(held.items()):
+        annotations = obj.get("metadata", {}).get("annotations") or {}
+        if kind != POLICY or annotations.get(generate.GENERATION_ANNOTATION) != str(compiled.policy.generation):
+            continue
+        generated = len((obj.get("spec") or {}).get("matchConditions") or ()) - len(compiled.policy.match.conditions)
+        for warning in ((obj.get("status") or {}).get("typeChecking") or {}).get("expressionWarnings") or ():
+            field = str(warning.get("fieldRef", ""))
+            prefix, _, rest = field.partition("[")
+            if prefix == "spec.matchConditions" and rest.split("]")[0].isdigit():
+                index, _, tail = rest.partition("]")
+                field = f"spec.match.conditions[{int(index) - generated}]{tail}"
+            found.append({"object": name, "fieldRef": field, "warning": str(warning.get("warning", ""))})
+    return tuple(found)
+
+
+async def _held_by(op: Operator, version: str, name: str) -> dict[tuple[str, str], dict[str, Any]]:
+    return {key: obj for key, obj in (await list_generated(op, version)).items() if _owner(obj) == name}
 
 
 def _handed_back(op: Operator, compiled: CompiledPolicy) -> list[str] | None:
@@ -272,7 +333,7 @@ class _Status:
             "enforcedBy": "Native" if wanted.native else "Webhook", "reason": wanted.reason, "message": wanted.message,
             "generation": generation, "handedBack": list(wanted.handed_back),
             "objects": [{"apiVersion": o["apiVersion"], "kind": o["kind"], "name": o["metadata"]["name"]}
-                        for o in wanted.objects]}
+                        for o in wanted.objects], "typeChecking": list(wanted.type_checking)}
         old = self.status.get("native") or {}
         if self._written(native, wanted):
             return
@@ -412,6 +473,8 @@ async def _write(op: Operator, version: str, desired: Mapping[str, Any], existin
         body = {**desired, "metadata": {**desired["metadata"],
                                         "resourceVersion": existing["metadata"].get("resourceVersion")}}
         code, answer = await call_json(op.api_client, "PUT", _path(version, kind, name), body=body)
+    if code == 422:
+        raise _Refused(f"{kind} {name}: {message_of(answer)}")
     if not 200 <= code <= 299:
         raise RuntimeError(f"writing {kind} {name} failed ({code}): {message_of(answer)}")
     logger.info("%s %s %s", "Created" if existing is None else "Updated", kind, name)
@@ -446,9 +509,8 @@ async def remove(op: Operator, name: str) -> None:
     version = await served_version(op)
     if version is None:
         return
-    for obj in (await list_generated(op, version)).values():
-        if _owner(obj) == name:
-            await _delete(op, version, obj)
+    for obj in (await _held_by(op, version, name)).values():
+        await _delete(op, version, obj)
 
 
 async def probe(op: Operator, version: str) -> bool:
