@@ -440,7 +440,7 @@ def test_rbac_create_false_renders_no_roles(chart: helm.Chart) -> None:
 
 
 @pytest.mark.parametrize("scenario", ["defaults", "custom-namespace", "everything"])
-def test_uninstall_hook_deletes_exactly_the_webhook_configurations(chart: helm.Chart, scenario: str) -> None:
+def test_uninstall_hook_deletes_exactly_what_the_operator_created(chart: helm.Chart, scenario: str) -> None:
     values, namespace = SCENARIOS[scenario]
     docs = render(chart, values, namespace)
     config = env_of(operator_container(docs))["AP_WEBHOOK_CONFIG_NAME"]
@@ -455,9 +455,14 @@ def test_uninstall_hook_deletes_exactly_the_webhook_configurations(chart: helm.C
     assert weight["ClusterRoleBinding"] < weight["Job"]
 
     role = one(hooks, "ClusterRole")
+    # Its two webhook configurations by name; native enforcement's generated policies and bindings
+    # by label (cli/uninstall.py lists them, releases their finalizer with a patch, deletes them).
     assert rules_of(role) == {
         ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "delete", config),
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "delete", config),
+        *(("admissionregistration.k8s.io", resource, verb, None)
+          for resource in ("validatingadmissionpolicies", "validatingadmissionpolicybindings")
+          for verb in ("list", "patch", "delete")),
     }
     sa = one(hooks, "ServiceAccount")
     binding = one(hooks, "ClusterRoleBinding")
@@ -469,7 +474,8 @@ def test_uninstall_hook_deletes_exactly_the_webhook_configurations(chart: helm.C
     assert pod["serviceAccountName"] == sa["metadata"]["name"]
     (container,) = pod["containers"]
     assert container["image"] == operator_container(docs)["image"]
-    assert container["command"] + container["args"] == ["admission-policy", "cleanup-webhooks", "--name", config]
+    # The command that removes both (cleanup-webhooks leaves the generated policies in force).
+    assert container["command"] + container["args"] == ["admission-policy", "cleanup", "--name", config]
     assert container["securityContext"] == operator_container(docs)["securityContext"]
     job_pod_labels = job["spec"]["template"]["metadata"]["labels"]
     # The cleanup pod must never become an endpoint of the webhook Service.
@@ -840,6 +846,7 @@ def test_notes_render(chart: helm.Chart) -> None:
         "admission-policy-operator/templates/NOTES.txt"
     ]
     assert "WARNING" in notes and "kubectl delete validatingwebhookconfiguration" in notes
+    assert f"admission-policy cleanup --name {RELEASE}-admission-policy-operator\n" in notes, notes
 
 
 # --------------------------------------------------------------------------------------------
@@ -873,8 +880,9 @@ def test_dockerfile_matches_the_chart() -> None:
 # the README's RBAC table says what every granted verb is for (issue 12, scenario 8)
 
 
-def readme_rbac_table() -> set[tuple[str, str, str, bool]]:
-    """(group, resource, verb, restricted by name) of every row of the chart README's RBAC table.
+def readme_rbac_table(role: str = "") -> set[tuple[str, str, str, bool]]:
+    """(group, resource, verb, restricted by name) of every row of the chart README's RBAC table;
+    with ``role``, of the rows whose group cell names it (``ClusterRole `…-cleanup```).
 
     A group cell is its first backticked word; a resource cell lists backticked resources, or
     "same" for the row above's, and says ``resourceNames`` when the rule is narrowed to names.
@@ -891,6 +899,8 @@ def readme_rbac_table() -> set[tuple[str, str, str, bool]]:
         listed = [r for r in re.findall(r"`([^`]*)`", resource_cell) if not r.startswith("resourceNames")]
         resources = previous if resource_cell.startswith("same") else listed
         previous = resources
+        if role not in group_cell:
+            continue
         granted |= {(group, resource, verb.strip(), named) for resource in resources for verb in verb_cell.split(",")}
     return granted
 
@@ -909,6 +919,12 @@ def test_the_readme_rbac_table_lists_exactly_the_rules_the_chart_grants(chart: h
     documented = readme_rbac_table()
     assert rendered - documented == set(), "granted by the chart, not explained in its README"
     assert documented - rendered == set(), "in the README's RBAC table, not granted by the chart"
+
+
+def test_the_readme_rbac_table_lists_exactly_what_the_uninstall_hook_is_granted(chart: helm.Chart) -> None:
+    hook = next(d for d in render(chart) if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-cleanup"))
+    granted = {(group, resource, verb, name is not None) for group, resource, verb, name in rules_of(hook)}
+    assert readme_rbac_table("ClusterRole `…-cleanup`") == granted
 
 
 

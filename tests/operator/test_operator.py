@@ -608,4 +608,4 @@ async def test_on_shutdown_the_log_says_the_webhooks_stay_and_fail_closed(
     text = line.getMessage()
     assert f"webhook configurations {CONFIG_NAME} stay in place" in text
     assert "fail closed for 1 failurePolicy Fail policies (deny-bad)" in text
-    assert f"admission-policy cleanup-webhooks --name {CONFIG_NAME}" in text
+    assert f"admission-policy cleanup --name {CONFIG_NAME}" in text

@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 
 from .commands.audit import audit_command
+from .commands.cleanup import cleanup_command
 from .commands.cleanup_webhooks import cleanup_webhooks_command
 from .commands.convert import convert_command
 from .commands.lint import lint_command
@@ -34,7 +35,9 @@ def main() -> None:
       admission-policy plugins                           list installed plugins and feature gates
     Operator:
       admission-policy run                               run the operator (Kopf) with settings from flags/env
-      admission-policy cleanup-webhooks                  delete its webhook configurations
+      admission-policy cleanup                           uninstall: delete its webhook configurations and
+                                                         the ValidatingAdmissionPolicies it generated
+      admission-policy cleanup-webhooks                  delete its webhook configurations only
     """
 
 
@@ -45,4 +48,5 @@ main.add_command(audit_command)
 main.add_command(convert_command)
 main.add_command(plugins_command)
 main.add_command(run_command)
+main.add_command(cleanup_command)
 main.add_command(cleanup_webhooks_command)

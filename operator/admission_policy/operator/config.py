@@ -202,13 +202,12 @@ class OperatorConfig:
         details="The chart adds the operator's own ServiceAccount.", default_text="none"))
     default_failure_policy: FailurePolicy = dataclasses.field(default="Fail", metadata=_setting(
         "AP_DEFAULT_FAILURE_POLICY", _failure_policy, "failurePolicy of policies that set none: Fail or Ignore."))
-    native_default: str = dataclasses.field(default="Never", metadata=_setting(
+    native_default: str = dataclasses.field(default="Auto", metadata=_setting(
         "AP_NATIVE_DEFAULT", _native_mode, "Auto or Never: whether a policy without spec.native is enforced "
         "by Kubernetes itself when it can be (docs/vap.md, \"Native enforcement\").",
         details="Auto: a policy whose rules Kubernetes can run becomes a ValidatingAdmissionPolicy and binding, "
         "which keep enforcing with every replica down, and the webhooks stop judging it; Never: the webhooks "
-        "judge every policy. A policy's `spec.native` overrides it. Never by default until a generated object "
-        "written anew is proven in effect on every supported Kubernetes (docs/vap.md)."))
+        "judge every policy. A policy's `spec.native` overrides it."))
     metrics_port: int = dataclasses.field(default=8080, metadata=_setting(
         "AP_METRICS_PORT", _int_range(0, 65535), "Port of Prometheus /metrics (0 disables)."))
     health_port: int = dataclasses.field(default=8081, metadata=_setting(

@@ -219,7 +219,7 @@ def _log_what_stays(op: Operator) -> None:
                "Stopping. The webhook configurations %s stay in place for the other replicas; while none runs, "
                "the requests they route fail closed for %d failurePolicy Fail policies%s and AdmissionPolicy "
                "writes are refused (never in namespaces %s; break-glass: %s). "
-               "If the operator is not coming back: admission-policy cleanup-webhooks --name %s",
+               "If the operator is not coming back: admission-policy cleanup --name %s",
                name, len(failing), f" ({', '.join(failing[:5])}{', …' if len(failing) > 5 else ''})" if failing
                else "", exempt, _break_glass(op.config), name)
 

@@ -409,6 +409,9 @@ def _owned(obj: dict[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _owner(obj: Mapping[str, Any]) -> str:
+    annotations = obj.get("metadata", {}).get("annotations") or {}
+    if generate.POLICY_ANNOTATION in annotations:
+        return str(annotations[generate.POLICY_ANNOTATION])
     labels = obj.get("metadata", {}).get("labels") or {}
     name = labels.get(generate.POLICY_NAME_LABEL, "")
     namespace = labels.get(generate.POLICY_NAMESPACE_LABEL)
@@ -436,7 +439,8 @@ async def served_version(op: Operator) -> str | None:
         code, answer = await call_json(op.api_client, "GET", f"/apis/{GROUP}/{version}")
         if 200 <= code <= 299 and any(r.get("name") == _PLURALS[POLICY] for r in (answer or {}).get("resources", [])):
             return version
-        if code not in (404, 503) and not 200 <= code <= 299:
+        # 404 alone says "not served": a 503 is an API server starting or out of reach, not a downgrade.
+        if code != 404 and not 200 <= code <= 299:
             raise RuntimeError(f"discovery of {GROUP}/{version} failed ({code}): {message_of(answer)}")
     return None
 

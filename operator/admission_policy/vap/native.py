@@ -33,6 +33,7 @@ from ..cluster.routing import (
 )
 from ..engine import CompiledPolicy
 from ..engine.podcontrollers import JOB_TEMPLATE, POD_TEMPLATE, Location, selected
+from .lowering import NotLowerable, lower_optionals
 from .objects import BINDING, GROUP, POLICY
 from .portability import Finding, kubernetes_cel, portability
 
@@ -43,6 +44,8 @@ POLICY_KIND_LABEL: Final = f"{api.GROUP}/policy-kind"
 POLICY_NAME_LABEL: Final = f"{api.GROUP}/policy-name"
 POLICY_NAMESPACE_LABEL: Final = f"{api.GROUP}/policy-namespace"
 GENERATION_ANNOTATION: Final = f"{api.GROUP}/policy-generation"
+# The policy's whole name ("namespace/name" for a tenant's): a label value is cut to a digest past 63 characters.
+POLICY_ANNOTATION: Final = f"{api.GROUP}/policy"
 # Kept on every generated object: one deleted by hand stays in effect, terminating, until the
 # operator has handed its policy back to the webhooks (make-before-break even then).
 FINALIZER: Final = f"{api.GROUP}/native"
@@ -94,9 +97,15 @@ def _blockers(compiled: CompiledPolicy, body: Mapping[str, Any], kubernetes: tup
     policy = compiled.policy
     found = [*portability(compiled, body).blockers, *_newer_libraries(compiled, kubernetes)]
     if kubernetes < OPTIONAL_TYPES:
-        found += [Finding(expression.path, f"uses CEL's optional syntax (.?field, ?key, optional.*), which Kubernetes "
-                                           f"has from 1.29; this cluster is {kubernetes[0]}.{kubernetes[1]}")
-                  for expression in policy.expressions() if _optional(expression.source)]
+        for expression in policy.expressions():
+            if _optional(expression.source):
+                try:
+                    lower_optionals(expression.source)
+                except NotLowerable as error:
+                    found.append(Finding(expression.path, f"uses CEL's optional syntax (.?field, ?key, optional.*), "
+                                                          f"which Kubernetes has from 1.29 (this cluster is "
+                                                          f"{kubernetes[0]}.{kubernetes[1]}), in a way plain CEL "
+                                                          f"cannot say: {error}"))
     if policy.report_admission:
         found.append(Finding("spec.reportAdmission", "the operator reports each admission decision only when it "
                                                      "makes it"))
@@ -133,7 +142,8 @@ def object_name(policy: api.AdmissionPolicy, template: Location = ()) -> str:
     NamespacedAdmissionPolicy: never the same for two policies (a namespace has no dots, and the
     place is one of three words), within the 253 characters of a name."""
     place = _PLACES[template]
-    name = f"nap.{policy.namespace}.{place}.{policy.name}" if policy.namespace else f"ap.{place}.{policy.name}"
+    short = policy.object_name   # a NamespacedAdmissionPolicy's ``name`` is "namespace/name"
+    name = f"nap.{policy.namespace}.{place}.{short}" if policy.namespace else f"ap.{place}.{short}"
     if len(name) > 253:
         digest = hashlib.sha256(name.encode()).hexdigest()[:16]
         name = f"{name[:253 - 17]}.{digest}"
@@ -142,8 +152,8 @@ def object_name(policy: api.AdmissionPolicy, template: Location = ()) -> str:
 
 def owner_labels(policy: api.AdmissionPolicy) -> dict[str, str]:
     labels = {**MANAGED_BY, POLICY_KIND_LABEL: api.NAMESPACED_KIND if policy.namespace else api.KIND}
-    labels[POLICY_NAME_LABEL] = policy.name if len(policy.name) <= 63 else hashlib.sha256(
-        policy.name.encode()).hexdigest()[:63]
+    short = policy.object_name   # a label value has no "/": the namespace has a label of its own
+    labels[POLICY_NAME_LABEL] = short if len(short) <= 63 else hashlib.sha256(short.encode()).hexdigest()[:63]
     if policy.namespace:
         labels[POLICY_NAMESPACE_LABEL] = policy.namespace
     return labels
@@ -161,8 +171,9 @@ def _policy_object(part: CompiledPolicy, target: Target, handed_back: Collection
     conditions = [] if target.break_glass is None else [dict(target.break_glass)]
     if any((rule["apiGroups"][0], plural(resource)) == CRDS for rule in rules for resource in rule["resources"]):
         conditions.append(dict(NOT_OWN_CRD))
-    conditions += [{"name": c.name, "expression": _source(c.expression.source, part.template, c.expression.path)}
-                   for c in policy.match.conditions]
+    lower = target.kubernetes < OPTIONAL_TYPES
+    conditions += [{"name": c.name, "expression": _source(c.expression.source, part.template, c.expression.path,
+                                                          lower)} for c in policy.match.conditions]
     spec: dict[str, Any] = {
         "failurePolicy": policy.failure_policy,
         "matchConstraints": {
@@ -171,20 +182,22 @@ def _policy_object(part: CompiledPolicy, target: Target, handed_back: Collection
             "objectSelector": _selector(policy.match.object_selector),
             "matchPolicy": "Equivalent",
         },
-        "validations": [_validation(v, part.template) for v in policy.validations],
+        "validations": [_validation(v, part.template, lower) for v in policy.validations],
     }
     if conditions:
         spec["matchConditions"] = conditions
     if policy.variables:
         spec["variables"] = [{"name": v.name, "expression": _source(v.expression.source, part.template,
-                                                                    v.expression.path)} for v in policy.variables]
+                                                                    v.expression.path, lower)}
+                             for v in policy.variables]
     if policy.param_kind is not None:
         spec["paramKind"] = {"apiVersion": policy.param_kind.api_version, "kind": policy.param_kind.kind}
     return {
         "apiVersion": f"{GROUP}/{target.version}",
         "kind": POLICY,
         "metadata": {"name": object_name(policy, part.template), "labels": owner_labels(policy),
-                     "annotations": {GENERATION_ANNOTATION: str(policy.generation)}, "finalizers": [FINALIZER]},
+                     "annotations": {GENERATION_ANNOTATION: str(policy.generation), POLICY_ANNOTATION: policy.name},
+                     "finalizers": [FINALIZER]},
         "spec": spec,
     }
 
@@ -208,15 +221,15 @@ def _binding(part: CompiledPolicy, target: Target, metadata: Mapping[str, Any]) 
             "spec": spec}
 
 
-def _validation(validation: api.Validation, template: Location) -> dict[str, Any]:
+def _validation(validation: api.Validation, template: Location, lower: bool) -> dict[str, Any]:
     assert validation.expression is not None   # a plugin validation is a blocker
-    out: dict[str, Any] = {"expression": _source(validation.expression.source, template, validation.expression.path),
-                           "reason": validation.reason}
+    out: dict[str, Any] = {"expression": _source(validation.expression.source, template, validation.expression.path,
+                                                 lower), "reason": validation.reason}
     if validation.message is not None:
         out["message"] = validation.message
     if validation.message_expression is not None:
         out["messageExpression"] = _source(validation.message_expression.source, template,
-                                           validation.message_expression.path)
+                                           validation.message_expression.path, lower)
     return out
 
 
@@ -257,12 +270,15 @@ class _NotNative(Exception):
 
 
 @functools.lru_cache(maxsize=4096)
-def _source(source: str, template: Location, path: str) -> str:
-    """The expression as written, or, for a workload's Pod template, reading the template where it
-    read the Pod: ``object.spec`` and ``object.metadata.labels`` become the template's, while
-    ``object.metadata.name`` (and ``namespace``, ``generateName``) stay the workload's, as in
+def _source(source: str, template: Location, path: str, lower: bool = False) -> str:
+    """The expression as written (``lower``: without optional syntax, for Kubernetes before 1.29;
+    ``blockers`` has said that it can be), or, for a workload's Pod template, reading the template
+    where it read the Pod: ``object.spec`` and ``object.metadata.labels`` become the template's,
+    while ``object.metadata.name`` (and ``namespace``, ``generateName``) stay the workload's, as in
     ``podcontrollers.pod_view``. Typed, as Kubernetes checks it; what reads the Pod otherwise (as
     a whole, its ``kind``) does not port."""
+    if lower and _optional(source):
+        source = lower_optionals(source)
     if not template:
         return source
     text = compat.respell(source)
@@ -320,8 +336,10 @@ def _newer_libraries(compiled: CompiledPolicy, kubernetes: tuple[int, int]) -> l
     newer = [library for library in environment.libraries if library.functions and _version(library.since) > kubernetes]
     return [Finding(expression.path, f"needs Kubernetes {library.since} or later (library {library.name}); "
                                      f"this cluster is {kubernetes[0]}.{kubernetes[1]}")
-            for expression in compiled.policy.expressions() for library in newer
-            if environment.compile_error(expression.source, library.name) is not None]
+            for expression in compiled.policy.expressions()
+            # One that does not compile at all is portability's blocker, not every library's.
+            if newer and environment.compile_error(expression.source) is None
+            for library in newer if environment.compile_error(expression.source, library.name) is not None]
 
 
 def _version(text: str) -> tuple[int, int]:
@@ -334,7 +352,10 @@ def _version(text: str) -> tuple[int, int]:
 
 def _optional(source: str) -> bool:
     """Whether the expression uses optional types (they always begin with one of these)."""
-    root = celast.Checked.decode(check(kubernetes_cel().environment(), compat.respell(source)).serialize()).root
+    try:
+        root = celast.Checked.decode(check(kubernetes_cel().environment(), compat.respell(source)).serialize()).root
+    except RuntimeError:
+        return False   # not Kubernetes' CEL at all: portability's blocker already says so
     return any((node.kind == "call" and node.name in _OPTIONAL_CALLS) or any(e.optional for e in node.entries)
                or (node.kind == "list" and bool(node.raw)) for node in celast.walk(root))
 
