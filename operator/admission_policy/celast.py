@@ -325,6 +325,41 @@ def _map_entry(data: bytes) -> tuple[Any, Any]:
     return key, value
 
 
+# --- types ----------------------------------------------------------------------------------
+
+Type = tuple[Any, ...]   # ("dyn",), ("null",), ("primitive", n), ("wrapper", n), ("list", elem), ("map", k, v), ...
+_TYPE_FIELDS: Final = {1: "dyn", 2: "null", 3: "primitive", 4: "wrapper", 5: "well_known", 6: "list", 7: "map",
+                       8: "function", 9: "message", 10: "param", 11: "type", 12: "error", 14: "abstract"}
+
+
+def decode_type(data: bytes) -> Type:
+    """One ``cel.expr.Type``: its kind, then what distinguishes it (an enum, a name, element types)."""
+    for number, _, value in fields(data):
+        kind = _TYPE_FIELDS.get(number, "other")
+        if kind in ("list", "type"):
+            inner = [decode_type(v) for n, _, v in fields(value) if n == 1] if kind == "list" else [decode_type(value)]
+            return (kind, inner[0] if inner else ("dyn",))
+        if kind == "map":
+            sides = {n: decode_type(v) for n, _, v in fields(value)}
+            return ("map", sides.get(1, ("dyn",)), sides.get(2, ("dyn",)))
+        if kind == "abstract":
+            return ("abstract", *(v.decode() if n == 1 else decode_type(v) for n, _, v in fields(value)))
+        if kind in ("message", "param"):
+            return (kind, value.decode())
+        return (kind, value) if isinstance(value, int) else (kind,)
+    return ("dyn",)
+
+
+def types(checked: Checked) -> dict[int, Type]:
+    """Node id → the type the checker gave it (``CheckedExpr.type_map``, field 3)."""
+    found: dict[int, Type] = {}
+    for number, _, value in checked.fields:
+        if number == 3:
+            key, data = _map_entry(value)
+            found[key] = decode_type(data if isinstance(data, bytes) else b"")
+    return found
+
+
 def walk(root: Expr) -> Iterator[Expr]:
     """Every node, parents before children (iteratively: a tree can be deep)."""
     stack = [root]

@@ -271,3 +271,20 @@ def test_an_api_no_longer_served_hands_the_policies_back_to_the_webhooks(
     _wait_enforced_by(cluster, name, "Native", "Generated")
     for bad in (True, False):
         assert _judged_right(cluster, ns, bad)
+
+
+def test_what_the_api_server_refuses_to_create_stays_on_the_webhook_and_says_why(
+        native_target: Target, target_namespace: Callable[..., str], target_policies: Policies) -> None:
+    """Kubernetes validates a ValidatingAdmissionPolicy further than this operator validates a
+    policy (a message on two lines is refused there): its refusal, quoted, keeps the policy on the
+    webhook, which judges it as before."""
+    cluster = native_target.cluster
+    namespace = target_namespace()
+    name = unique("native-refused", 50)
+    body = _policy(name, namespace)
+    body["spec"]["validations"][0]["message"] = "the label 'forbidden' is not allowed\nsee the team's wiki"
+    target_policies.apply(body)
+    native = _wait_enforced_by(cluster, name, "Webhook", "NotPortable")
+    assert "the API server refused" in native["message"] and "line breaks" in native["message"], native
+    assert native["objects"] == [] and _generated(cluster, _vap_version(cluster), name) == []
+    assert _judged_right(cluster, namespace, bad=True) and _judged_right(cluster, namespace, bad=False)

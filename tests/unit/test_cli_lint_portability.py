@@ -84,6 +84,28 @@ def test_a_blocking_expression_names_the_function_and_column() -> None:
         "undeclared reference to 'formatQuantity'"]
 
 
+@pytest.mark.parametrize(("expression", "mixed"), [
+    ("[1, 2].size() > 0", None),
+    ("[object.metadata.name, 'x'].size() > 0", None),          # dyn joins anything
+    ("{'a': 1, 'b': dyn('x')}.size() > 0", None),
+    ("[[], [1]].size() > 0 && [{}, {'a': 1}].size() > 0", None),   # empty literals are of dyn elements
+    ("[1, 'a'].size() > 0", "(line 1, column 1) a list literal mixes int and string"),
+    ("size({'a': 1, 'b': 'x'}) > 0", "(line 1, column 6) a map literal mixes int and string"),
+    ("{1: 'a', 'b': 'c'}.size() > 0", "(line 1, column 1) a map literal mixes int and string"),
+    ("[[1], ['a']].size() > 0", "(line 1, column 1) a list literal mixes list(int) and list(string)"),
+    ("true &&\n  [1, 2.0].size() > 0", "(line 2, column 3) a list literal mixes int and double"),
+])
+def test_list_and_map_literals_of_mixed_types_do_not_port(expression: str, mixed: str | None) -> None:
+    """Kubernetes' CEL (HomogeneousAggregateLiterals) refuses them when the API server creates the
+    policy; this project's CEL takes them."""
+    found = [str(finding) for finding in verdict(body(validations=[{"expression": expression}])).blockers]
+    if mixed is None:
+        assert found == []
+    else:
+        (only,) = found
+        assert only.startswith(f"spec.validations[0].expression: {mixed}, which Kubernetes' CEL refuses"), only
+
+
 @pytest.mark.parametrize(("expression", "kubernetes", "needs"), [
     ("object.metadata.name.startsWith('a')", BASELINE, []),
     ("semver(object.data.version).major() >= 2", "1.33",

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from .. import cellib
+from .. import celast, cellib
 from ..cel import check, new_environment
 from ..engine import CompiledPolicy
 
@@ -153,14 +153,14 @@ class KubernetesCel:
         """Why ``source`` does not compile here, without library ``left_out`` and the ``hidden``
         variables; or None."""
         try:
-            check(self._environment(left_out, hidden), source)
+            program = check(self._environment(left_out, hidden), source)
         except RuntimeError as exc:
             found = _ERROR.search(str(exc))
             if found is None:
                 return f"does not compile in Kubernetes' CEL environment: {exc}"
             message = found[3].replace(" (in container '')", "")
             return f"(line {found[1]}, column {found[2]}) not in Kubernetes' CEL environment: {message}"
-        return None
+        return None if left_out else mixed_literal(source, celast.Checked.decode(program.serialize()))
 
     def environment(self) -> Any:
         """The whole environment, every variable declared."""
@@ -187,3 +187,64 @@ def _version(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split("."))
     except ValueError:
         return _version(BASELINE)
+
+
+# --- homogeneous aggregate literals --------------------------------------------------------------
+
+_PRIMITIVES: Final = {1: "bool", 2: "int", 3: "uint", 4: "double", 5: "string", 6: "bytes"}
+_ANY: Final = ("dyn", "param", "error")
+
+
+def mixed_literal(source: str, checked: celast.Checked) -> str | None:
+    """Kubernetes compiles with cel-go's HomogeneousAggregateLiterals: each list literal's elements,
+    and each map literal's keys and values, must be of one type (or dyn). The environment here
+    does not check that; a policy mixing them would be refused by the API server."""
+    kinds = celast.types(checked)
+    for node in celast.walk(checked.root):
+        if node.kind == "list":
+            groups = [("list", [node.args])]
+        elif node.kind == "struct" and not node.name:   # a map literal (a message's fields are typed)
+            groups = [("map", [[e.key for e in node.entries if e.key is not None], [e.value for e in node.entries]])]
+        else:
+            continue
+        for what, members in groups:
+            for items in members:
+                joined: celast.Type | None = None
+                for item in items:
+                    current = kinds.get(item.id, ("dyn",))
+                    if joined is None or _assignable(joined, current):
+                        joined = current if joined is None or joined[0] in _ANY else joined
+                        continue
+                    where = _line_column(source, checked.positions.get(node.id, 0))
+                    return (f"{where} a {what} literal mixes {_name(joined)} and {_name(current)}, which Kubernetes' "
+                            "CEL refuses (one type per list, and per map's keys and values): wrap them in dyn()")
+    return None
+
+
+def _assignable(a: celast.Type, b: celast.Type) -> bool:
+    if a == b or a[0] in _ANY or b[0] in _ANY:
+        return True
+    if a[0] == b[0] and a[0] in ("list", "map", "type", "abstract") and len(a) == len(b):
+        return all(x == y if isinstance(x, str) else _assignable(x, y) for x, y in zip(a[1:], b[1:], strict=True))
+    if {a[0], b[0]} == {"wrapper", "primitive"}:
+        return bool(a[1] == b[1])
+    if "null" in (a[0], b[0]):
+        other = b if a[0] == "null" else a
+        return other[0] in ("null", "message", "wrapper", "well_known", "abstract")
+    return False
+
+
+def _name(kind: celast.Type) -> str:
+    if kind[0] == "primitive":
+        return _PRIMITIVES.get(kind[1], "a primitive")
+    if kind[0] in ("list", "map"):
+        return f"{kind[0]}({', '.join(_name(part) for part in kind[1:])})"
+    if kind[0] == "message":
+        return str(kind[1])
+    return str(kind[0])
+
+
+def _line_column(source: str, offset: int) -> str:
+    before = source[:offset]
+    return f"(line {before.count(chr(10)) + 1}, column {offset - (before.rfind(chr(10)) + 1) + 1})"
+
