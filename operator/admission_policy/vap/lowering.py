@@ -137,30 +137,17 @@ def _is_optional_syntax(node: celast.Expr) -> bool:
 
 def _types(checked: celast.Checked, unwrap: bool = False) -> dict[int, str]:
     """Node id → its checked type, coarsely: list, map, string, int, uint, double, optional, dyn
-    or other (``CheckedExpr.type_map``, field 3); ``unwrap``: an optional's value type instead."""
-    found: dict[int, str] = {}
-    for number, _, value in checked.fields:
-        if number == 3:
-            entry = {n: v for n, _, v in celast.fields(value)}   # a map entry: key 1, value 2
-            found[entry.get(1, 0)] = _kind(entry.get(2, b""), unwrap)
-    return found
+    or other; ``unwrap``: an optional's value type instead."""
+    return {node: _kind(kind, unwrap) for node, kind in celast.types(checked).items()}
 
 
-def _kind(data: bytes, unwrap: bool) -> str:
-    """One ``cel.expr.Type``, coarsely (see ``_types``)."""
-    primitives = {2: "int", 3: "uint", 4: "double", 5: "string"}
-    for number, _, value in celast.fields(data):
-        if number == 1:
-            return "dyn"
-        if number == 3:
-            return primitives.get(value, "other")
-        if number in (6, 7):
-            return "list" if number == 6 else "map"
-        if number == 14:   # abstract_type: name 1, parameter_types 2
-            parts = {n: v for n, _, v in celast.fields(value)}
-            if parts.get(1) != b"optional_type":
-                return "other"
-            return _kind(parts.get(2, b""), unwrap) if unwrap else "optional"
+def _kind(kind: celast.Type, unwrap: bool) -> str:
+    if kind[0] == "primitive":
+        return {2: "int", 3: "uint", 4: "double", 5: "string"}.get(kind[1], "other")
+    if kind[0] in ("dyn", "list", "map"):
+        return str(kind[0])
+    if kind[0] == "abstract" and kind[1] == "optional_type":
+        return _kind(kind[2], unwrap) if unwrap and len(kind) > 2 else "optional"
     return "other"
 
 
