@@ -130,6 +130,19 @@ class Expr:
             if name in self.comprehension:
                 yield self.comprehension[name]
 
+    def optional_indices(self) -> list[int]:
+        """A list literal's elements written ``?x`` (its ``optional_indices``, packed or not)."""
+        found: list[int] = []
+        for number, _, value in fields(self.raw):
+            if number == 2 and isinstance(value, int):
+                found.append(value)
+            elif number == 2:
+                index = 0
+                while index < len(value):
+                    item, index = _varint(value, index)
+                    found.append(item)
+        return found
+
     def constant(self) -> Any:
         """The value of a ``const`` node: None, bool, int, str or bytes (a double reads as 0.0:
         only strings and their lengths matter here)."""

@@ -235,8 +235,10 @@ def test_operator_cluster_role_is_exactly_what_the_operator_uses(chart: helm.Cha
     for kind in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):
         allow("admissionregistration.k8s.io", kind, "create")
         allow("admissionregistration.k8s.io", kind, "get list watch update", config)
-    # Native enforcement (operator/native.py): the generated ValidatingAdmissionPolicies and bindings.
-    for kind in ("validatingadmissionpolicies", "validatingadmissionpolicybindings"):
+    # Native enforcement (operator/native.py): the generated Validating- and MutatingAdmissionPolicies
+    # and bindings.
+    for kind in ("validatingadmissionpolicies", "validatingadmissionpolicybindings",
+                 "mutatingadmissionpolicies", "mutatingadmissionpolicybindings"):
         allow("admissionregistration.k8s.io", kind, "get list create update patch delete")
     allow("kopf.dev", "clusterkopfpeerings", "list watch")
     allow("kopf.dev", "clusterkopfpeerings", "patch", peering)
@@ -461,7 +463,8 @@ def test_uninstall_hook_deletes_exactly_what_the_operator_created(chart: helm.Ch
         ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "delete", config),
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "delete", config),
         *(("admissionregistration.k8s.io", resource, verb, None)
-          for resource in ("validatingadmissionpolicies", "validatingadmissionpolicybindings")
+          for resource in ("validatingadmissionpolicies", "validatingadmissionpolicybindings",
+                           "mutatingadmissionpolicies", "mutatingadmissionpolicybindings")
           for verb in ("list", "patch", "delete")),
     }
     sa = one(hooks, "ServiceAccount")

@@ -755,3 +755,13 @@ class Policies:
             self.cluster.delete(AdmissionPolicy, name)
         for name in dict.fromkeys(self.names):
             self.cluster.wait_gone(AdmissionPolicy, name)
+
+
+def vap_version(cluster: Cluster) -> str:
+    """The ValidatingAdmissionPolicy version the cluster serves (v1, else v1beta1); fails without one."""
+    for version in ("v1", "v1beta1"):
+        answer = cluster.raw("GET", f"/apis/admissionregistration.k8s.io/{version}")
+        if answer.ok and any(r.get("name") == "validatingadmissionpolicies" for r in answer.obj.get("resources", [])):
+            return version
+    pytest.fail("the control plane serves no ValidatingAdmissionPolicy API")
+

@@ -564,12 +564,37 @@ def _texts(value: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else [str(value)]
 
 
-def check(replay: Replay, answer: Answer, policy_names: Sequence[str], paths: Sequence[tuple[str, ...]]) -> list[str]:
+def vap_denial(name: str) -> str:
+    """How the API server words a denial by the ValidatingAdmissionPolicy ``name`` through its binding of the
+    same name (the generated pairs of native enforcement)."""
+    return f"ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request: "
+
+
+def vap_warning(name: str) -> str:
+    """The beginning of the API server's warning for a Warn binding's failed validation (as ``vap_denial``)."""
+    return f"Validation failed for ValidatingAdmissionPolicy '{name}' with binding '{name}': "
+
+
+def our_warnings(answer: Answer, policy_names: Sequence[str], generated: Sequence[str] = ()) -> list[str]:
+    """The warnings of the example's policies: through our webhook, or, with ``generated``, only those of
+    ``policy_names`` through it and those of the generated ValidatingAdmissionPolicies."""
+    if not generated:
+        return answer.policy_warnings
+    return [w for w in answer.warnings if any(w.startswith(f'AdmissionPolicy "{p}"') for p in policy_names)
+            or any(w.startswith(vap_warning(n)) for n in generated)]
+
+
+def check(replay: Replay, answer: Answer, policy_names: Sequence[str], paths: Sequence[tuple[str, ...]],
+          generated: Sequence[str] = ()) -> list[str]:
     """Every way the answer differs from the case's expectations, as sentences.
 
     The test.yaml keys (see ``admission_policy.cli.suite.check``), and two for ``DEVIATIONS``:
     ``refusedByApiServer`` (a 422 Invalid from the API server itself, with this fragment, no webhook in it)
     and ``serverWarnings`` (fragments of warnings the API server itself sent).
+
+    ``generated``: the ValidatingAdmissionPolicies that enforce some of the example's policies natively
+    (each with its binding of the same name), whose denials and warnings are the API server's
+    (``vap_denial``, ``vap_warning``); ``policy_names`` are then the policies our webhook judges.
     """
     expect = replay.case.expect
     if "refusedByApiServer" in expect:
@@ -585,19 +610,24 @@ def check(replay: Replay, answer: Answer, policy_names: Sequence[str], paths: Se
         if answer.ok:
             return [f"expected denied, got allowed (warnings: {answer.warnings})"]
         ours = [p for p in policy_names if f'AdmissionPolicy "{p}" denied the request: ' in answer.message]
-        if "admission webhook" not in answer.message or not ours:
+        native = [n for n in generated if vap_denial(n) in answer.message]
+        if ("admission webhook" not in answer.message or not ours) and not native:
+            if generated:
+                return [f"expected a denial by {' or '.join([*policy_names, *generated])} (the generated ones as "
+                        f"ValidatingAdmissionPolicy), got {answer}"]
             return [f"expected a denial by {' or '.join(policy_names)} through the webhook, got {answer}"]
         if "code" in expect and answer.status != expect["code"]:
             problems.append(f"expected code {expect['code']}, got {answer.status}")
         problems += [f"expected the message to contain {text!r}, got {answer.message!r}"
                      for text in _texts(expect.get("messageContains")) if text not in answer.message]
+    warnings = our_warnings(answer, policy_names, generated)
     if "warnings" in expect:
         wanted = _texts(expect["warnings"])
-        if not wanted and answer.policy_warnings:
-            problems.append(f"expected no warnings, got {answer.policy_warnings}")
-        problems += [f"expected a warning containing {text!r}, got {answer.policy_warnings}"
-                     for text in wanted if not any(text in warning for warning in answer.policy_warnings)]
-    server_warnings = [w for w in answer.warnings if w not in answer.policy_warnings]
+        if not wanted and warnings:
+            problems.append(f"expected no warnings, got {warnings}")
+        problems += [f"expected a warning containing {text!r}, got {warnings}"
+                     for text in wanted if not any(text in warning for warning in warnings)]
+    server_warnings = [w for w in answer.warnings if w not in warnings]
     problems += [f"expected the API server to warn {text!r}, got {server_warnings}"
                  for text in _texts(expect.get("serverWarnings")) if not any(text in w for w in server_warnings)]
     if not expect["allowed"]:
@@ -660,6 +690,7 @@ class Stage:
                 replay.baseline = answer.obj if answer.ok else None
         for body in self.suite.policies:
             self.policies.apply(body)
+        self.applied()
         # The API server may route by an older webhook configuration for a moment after the policy went
         # Active: repeat one request the policy must change (a dry run) until it does, per webhook.
         for kind, replay in probes.items():
@@ -667,6 +698,9 @@ class Stage:
                        functools.partial(self._shows_policy, kind, replay),
                        f"{self.suite.example}: the {kind} webhook to act on {replay.case.name!r}",
                        self.cluster.settings.timeout)
+
+    def applied(self) -> None:
+        """Called once the policies are Active, before the probes (a subclass waits for more here)."""
 
     def _grant(self, users: Sequence[str]) -> None:
         """RBAC for the users the cases impersonate, so that their requests get as far as admission."""
@@ -691,6 +725,15 @@ class Stage:
             created = self.cluster.create(cls, {"apiVersion": cls.version, "kind": cls.kind, **body})
             assert created.ok, f"{self.suite.example}: cannot create {cls.kind} {name}: {created}"
             self.rbac.append((cls, name))
+        # The RBAC authorizer follows bindings from a watch, a moment behind: a request sent at once (a
+        # baseline) could be refused before admission.
+        for user in users:
+            review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                      "spec": {"user": user, "resourceAttributes": {"verb": "get", "resource": "pods"}}}
+            eventually(lambda review=review: self.cluster.raw(
+                           "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", body=review),
+                       lambda answer: answer.ok and bool(answer.obj.get("status", {}).get("allowed")),
+                       f"{self.suite.example}: RBAC to let {user} through", self.cluster.settings.timeout)
 
     def all_replays(self) -> list[Replay]:
         return [replay for replays in self.replays.values() for replay in replays]

@@ -15,19 +15,11 @@ from typing import Any
 
 import pykube
 import pytest
-from e2e_kube import AdmissionPolicy, Answer, Cluster, Policies, Target, eventually, policy_body, unique
+from e2e_kube import AdmissionPolicy, Answer, Cluster, Policies, Target, eventually, policy_body, unique, vap_version
 from envtest import ControlPlane
 from traffic import Sent, Traffic
 
 GROUP = "admissionregistration.k8s.io"
-
-
-def _vap_version(cluster: Cluster) -> str:
-    for version in ("v1", "v1beta1"):
-        answer = cluster.raw("GET", f"/apis/{GROUP}/{version}")
-        if answer.ok and any(r.get("name") == "validatingadmissionpolicies" for r in answer.obj.get("resources", [])):
-            return version
-    pytest.fail("the control plane serves no ValidatingAdmissionPolicy API")
 
 
 def _policy(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
@@ -131,7 +123,7 @@ def test_a_portable_policy_changes_hands_without_a_wrong_answer(
     """Webhook → Native, a generated policy deleted by hand and written back, Native → Webhook
     (``Never``) and back: a request stream never sees the policy missing or judged twice wrongly."""
     cluster = native_target.cluster
-    version = _vap_version(cluster)
+    version = vap_version(cluster)
     namespace = target_namespace()
     name = unique("native-labels", 50)
     target_policies.apply(_policy(name, namespace))   # Active: the webhooks judge it meanwhile
@@ -260,8 +252,8 @@ def test_an_api_no_longer_served_hands_the_policies_back_to_the_webhooks(
               f"later; {len(wrong)} of {len(answered)} answers wrong, sent {min(window):.1f}s to {max(window):.1f}s "
               f"from ready: {sorted({(a.client % 2 == 0, a.status) for a in wrong})}")
         assert handed - up < 20, f"handed back {handed - up:.1f}s after the API server was ready"
-        # The status says Webhook first; the webhook configuration follows within the seconds the
-        # operator gives the API server to load it (operator/native.py's WEBHOOK_SETTLE).
+        # The status says Webhook first; the webhook configuration follows, written and loaded
+        # within seconds.
         late = [str(a) for a in wrong if a.sent > handed + 5]
         assert not late, late[:5]
         assert not [a for a in wrong if a.client % 2], "a request the policy admits was refused"
@@ -286,5 +278,5 @@ def test_what_the_api_server_refuses_to_create_stays_on_the_webhook_and_says_why
     target_policies.apply(body)
     native = _wait_enforced_by(cluster, name, "Webhook", "NotPortable")
     assert "the API server refused" in native["message"] and "line breaks" in native["message"], native
-    assert native["objects"] == [] and _generated(cluster, _vap_version(cluster), name) == []
+    assert native["objects"] == [] and _generated(cluster, vap_version(cluster), name) == []
     assert _judged_right(cluster, namespace, bad=True) and _judged_right(cluster, namespace, bad=False)

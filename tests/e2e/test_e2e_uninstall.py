@@ -196,4 +196,4 @@ def test_uninstall_hook_leaves_no_generated_policy_and_no_webhook_configuration(
         again = subprocess.run([*cli(), *container["args"]], capture_output=True, text=True, timeout=120, env=env)
         assert again.returncode == 0, again.stdout + again.stderr
         assert again.stdout.splitlines() == [f"no webhook configurations named {config!r}",
-                                             "no generated ValidatingAdmissionPolicies or bindings"], again.stdout
+                                             "no generated admission policies or bindings"], again.stdout

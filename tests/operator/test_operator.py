@@ -184,7 +184,7 @@ POD_CONTROLLER_RESOURCES = frozenset({"deployments", "replicasets", "statefulset
 def routed_resources(emulator: Emulator) -> set[str]:
     config = emulator.peek(VALIDATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME) or {}
     fixed = ("policies.validate.policy-operator.dev", "tenant-policies.validate.policy-operator.dev",
-             "exceptions.validate.policy-operator.dev")
+             "exceptions.validate.policy-operator.dev", "probe.validate.policy-operator.dev")
     return {resource for webhook in config.get("webhooks", []) if webhook["name"] not in fixed
             for rule in webhook.get("rules", []) for resource in rule["resources"]}
 
@@ -223,7 +223,7 @@ async def test_written_configurations_field_by_field(
     mutating = emulator.peek(MUTATING_WEBHOOK_CONFIGURATIONS, CONFIG_NAME)
     assert validating is not None and mutating is not None
     port = env["AP_LISTEN_PORT"]
-    fixed, tenant, exceptions, routed = validating["webhooks"]
+    fixed, tenant, exceptions, routed, probe = validating["webhooks"]
     assert fixed["name"] == "policies.validate.policy-operator.dev"
     assert tenant["name"] == "tenant-policies.validate.policy-operator.dev"
     assert tenant["clientConfig"]["url"] == f"https://127.0.0.1:{port}/validate-tenant-policy"
@@ -236,6 +236,8 @@ async def test_written_configurations_field_by_field(
     assert exceptions["clientConfig"]["url"] == f"https://127.0.0.1:{port}/validate-exception"
     assert routed["name"] == "fail.validate.policy-operator.dev"
     assert routed["clientConfig"]["url"] == f"https://127.0.0.1:{port}/validate"
+    assert probe["name"] == "probe.validate.policy-operator.dev"
+    assert probe["clientConfig"]["url"] == f"https://127.0.0.1:{port}/probe"
     # The Pod policy's rule, and the workloads whose Pod templates it judges (issue 17).
     assert routed["rules"] == [
         {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],

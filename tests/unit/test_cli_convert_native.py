@@ -104,8 +104,14 @@ def test_what_ports_is_written_and_what_does_not_is_said(tmp_path: Path) -> None
     code, objects, errors = run(path)
     assert code == 2
     assert [obj["metadata"]["name"] for obj in objects] == ["ap.policy.fine", "ap.policy.fine"]
-    assert errors == [f"not portable  {path}#2: AdmissionPolicy 'mutating': spec.mutations: a ValidatingAdmission"
-                      "Policy only validates (Kubernetes' MutatingAdmissionPolicy mutates, with an API of its own)"]
+    assert errors == [f"not portable  {path}#2: AdmissionPolicy 'mutating': spec.mutations: the API server serves "
+                      "no MutatingAdmissionPolicy (admissionregistration.k8s.io v1alpha1 from Kubernetes 1.32, "
+                      "behind its feature gate)"]
+    # ... unless the cluster serves it: then it is a MutatingAdmissionPolicy and binding.
+    code, objects, errors = run("--mutating-api", "v1alpha1", path)
+    assert (code, errors) == (0, [])
+    assert [(obj["kind"], obj["metadata"]["name"]) for obj in objects][2:] == [
+        ("MutatingAdmissionPolicy", "ap.policy.mutating"), ("MutatingAdmissionPolicyBinding", "ap.policy.mutating")]
 
 
 def test_a_tenant_policy_keeps_to_its_namespace() -> None:

@@ -122,7 +122,7 @@ async def test_the_version_served_is_the_one_used() -> None:
     generated_pairs(api, "ap.policy.a")
     removal = await remove_generated(api)
     assert removal.version == "v1beta1" and len(removal.deleted) == 2 and not api.objects
-    assert all(f"/{GROUP}/v1beta1" in path for _, path in api.calls[1:])
+    assert all(f"/{GROUP}/v1beta1/" in path for _, path in api.calls if path.count("/") > 3)   # past discovery
 
 
 async def test_no_validating_admission_policy_api_is_nothing_to_do() -> None:

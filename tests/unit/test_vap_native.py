@@ -259,8 +259,11 @@ def test_variables_and_messages_are_rewritten_for_templates_too() -> None:
     assert spec["variables"][0]["expression"].startswith(
         "(object.spec.template.spec.containers + object.spec.template.spec.?initContainers.orValue([]))")
     assert spec["validations"][0]["expression"] == "object.spec.template.metadata.?labels.?team.orValue('') != ''"
-    assert spec["validations"][0]["messageExpression"] == \
-        "'a team label is required in team-a: ' + object.metadata.name"
+    # ... and say whose Pod template it judged, as the webhook does.
+    assert spec["validations"][0]["messageExpression"] == (
+        "'the Pod template of ' + request.kind.kind + (request.name != '' ? ' \"' + request.name + '\"' : "
+        "has(object.metadata.generateName) ? ' \"' + object.metadata.generateName + '\"' : '') + "
+        "' would violate the policy: ' + ('a team label is required in team-a: ' + object.metadata.name)")
 
 
 def test_a_pod_only_policy_judges_pods_alone() -> None:
@@ -337,7 +340,7 @@ def test_cel_kubernetes_lacks_is_one_blocker_not_one_per_library() -> None:
     ({"reportAdmission": True}, "spec.reportAdmission", "reports each admission decision"),
     ({"context": [{"name": "all", "version": "v1", "resource": "configmaps"}]}, "spec.context", "no lists"),
     ({"mutations": [{"jsonPatch": [{"op": "add", "path": "/metadata/labels/x", "value": "y"}]}]},
-     "spec.mutations", "only validates"),
+     "spec.mutations", "serves no MutatingAdmissionPolicy"),
 ])
 def test_what_kubernetes_cannot_do_is_a_blocker_at_its_field(spec: dict[str, Any], path: str, words: str) -> None:
     result = plan(configmap_policy(**spec))

@@ -23,6 +23,7 @@ from admission_policy.operator.webhookconfig import (
     build_mutating_configuration,
     build_validating_configuration,
     holds,
+    probe_name,
 )
 
 CA = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
@@ -33,7 +34,8 @@ POLICIES = "policies.validate.policy-operator.dev"
 TENANT_POLICIES = "tenant-policies.validate.policy-operator.dev"
 VALIDATE_EXCEPTIONS = "exceptions.validate.policy-operator.dev"
 MUTATE_EXCEPTIONS = "exceptions.mutate.policy-operator.dev"
-FIXED = (POLICIES, TENANT_POLICIES, VALIDATE_EXCEPTIONS, MUTATE_EXCEPTIONS)
+PROBE = "probe.validate.policy-operator.dev"
+FIXED = (POLICIES, TENANT_POLICIES, VALIDATE_EXCEPTIONS, MUTATE_EXCEPTIONS, PROBE)
 
 DISCOVERED = (
     DiscoveredResource("", "v1", "pods", ("status", "exec", "log", "eviction")),
@@ -118,6 +120,7 @@ def test_validating_configuration_field_by_field() -> None:
         "tenant-policies.validate.policy-operator.dev",
         "exceptions.validate.policy-operator.dev",
         "fail.validate.policy-operator.dev",
+        "probe.validate.policy-operator.dev",
     ]
     assert webhook(config, "fail.validate.policy-operator.dev") == {
         "name": "fail.validate.policy-operator.dev",
@@ -159,7 +162,7 @@ def test_validating_configuration_field_by_field() -> None:
 
 def test_fixed_admission_policy_entry_is_always_there() -> None:
     config = validating()
-    assert names(config) == [POLICIES, TENANT_POLICIES, VALIDATE_EXCEPTIONS]
+    assert names(config) == [POLICIES, TENANT_POLICIES, VALIDATE_EXCEPTIONS, PROBE]
     assert config["webhooks"][:1] == [
         {
             "name": "policies.validate.policy-operator.dev",
@@ -488,8 +491,31 @@ def test_explicit_never_routed_resources_are_dropped(group: str, resource: str) 
     validating_routes = route(groups=(group,), resources=(resource, f"{resource}/status"))
     mutating_routes = route(groups=(group,), resources=(resource, f"{resource}/status"), mutating=True)
     # Only the fixed entries remain (those for AdmissionPolicyExceptions name them on purpose).
-    assert names(validating(validating_routes)) == [POLICIES, TENANT_POLICIES, VALIDATE_EXCEPTIONS]
+    assert names(validating(validating_routes)) == [POLICIES, TENANT_POLICIES, VALIDATE_EXCEPTIONS, PROBE]
     assert names(mutating(mutating_routes)) == [MUTATE_EXCEPTIONS]
+
+
+def test_the_probe_entry_routes_one_event_name_made_of_the_other_entries() -> None:
+    """Native enforcement proves the API server routes by a configuration just written by a dry-run
+    Event that only that configuration routes; replicas with the same routes write the same name."""
+    one, other = validating(route()), validating(route(), route(resources=("configmaps",)))
+    assert one == validating(route())
+    name = probe_name(one)
+    assert name.startswith("admission-policy-operator.probe.") and name != probe_name(other)
+    assert webhook(one, PROBE) == {
+        "name": PROBE,
+        "admissionReviewVersions": ["v1"],
+        "clientConfig": service("/probe"),
+        "failurePolicy": "Ignore",
+        "matchPolicy": "Equivalent",
+        "namespaceSelector": {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["admission-policy-system"]}]},
+        "matchConditions": [{"name": "probe", "expression": f"request.name == '{name}'"}],
+        "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["events"],
+                   "scope": "Namespaced"}],
+        "sideEffects": "None",
+        "timeoutSeconds": 5,
+    }
 
 
 def test_url_client_config_for_local_development() -> None:
@@ -500,6 +526,7 @@ def test_url_client_config_for_local_development() -> None:
         {"url": "https://host.docker.internal:9443/validate-tenant-policy", "caBundle": CA_B64},
         {"url": "https://host.docker.internal:9443/validate-exception", "caBundle": CA_B64},
         {"url": "https://host.docker.internal:9443/validate", "caBundle": CA_B64},
+        {"url": "https://host.docker.internal:9443/probe", "caBundle": CA_B64},
     ]
     assert [w["clientConfig"] for w in mutating(route(mutating=True), settings=settings)["webhooks"]] == [
         {"url": "https://host.docker.internal:9443/mutate-exception", "caBundle": CA_B64},
@@ -551,7 +578,7 @@ def test_the_operators_own_api_is_never_routed_even_when_named() -> None:
                                                                           "namespacedadmissionpolicies",
                                                                           "admissionpolicyexceptions")),
                         route(groups=("kopf.dev",), resources=("clusterkopfpeerings", "kopfpeerings")))
-    assert names(config) == [POLICIES, TENANT_POLICIES, VALIDATE_EXCEPTIONS]
+    assert names(config) == [POLICIES, TENANT_POLICIES, VALIDATE_EXCEPTIONS, PROBE]
     named = route(groups=("policy-operator.dev",), resources=("admissionpolicies", "namespacedadmissionpolicies",
                                                               "admissionpolicyexceptions"))
     assert unserved_resources([named], DISCOVERED) == [

@@ -59,9 +59,12 @@ def api_version(kubernetes: tuple[int, int]) -> str:
 
 def target(kubernetes: tuple[int, int], exempt_namespaces: Collection[str] = DEFAULTS.all_exempt_namespaces,
            break_glass_users: Collection[str] = DEFAULTS.break_glass_users,
-           break_glass_groups: Collection[str] = DEFAULTS.break_glass_groups) -> native.Target:
+           break_glass_groups: Collection[str] = DEFAULTS.break_glass_groups,
+           mutating_version: str | None = None) -> native.Target:
+    """``mutating_version``: the MutatingAdmissionPolicy version the cluster serves; none by
+    default (behind a feature gate where it exists at all, so it is the user's to say)."""
     return native.Target(api_version(kubernetes), kubernetes, ServedIndex(()), tuple(sorted(set(exempt_namespaces))),
-                         break_glass_condition(break_glass_users, break_glass_groups))
+                         break_glass_condition(break_glass_users, break_glass_groups), mutating_version)
 
 
 def to_native(paths: Sequence[str], goal: native.Target) -> NativeResult:

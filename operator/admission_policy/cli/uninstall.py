@@ -1,5 +1,5 @@
-"""``admission-policy cleanup``'s second half: delete every ValidatingAdmissionPolicy and binding
-that native enforcement generated (``vap/native.py`` labels them, ``operator/native.py`` writes them).
+"""``admission-policy cleanup``'s second half: delete every Validating- and MutatingAdmissionPolicy
+and binding that native enforcement generated (``vap/native.py`` labels them, ``operator/native.py`` writes them).
 
 Left behind, they would go on enforcing policies whose operator is gone, and their finalizer
 would keep them terminating for ever once deleted. Each is found by the managed-by label, its
@@ -16,11 +16,13 @@ import dataclasses
 from collections.abc import Awaitable, Mapping
 from typing import Any, Final, Protocol
 
-from ..cluster.client import message_of
+from ..cluster.client import message_of, served_version
 from ..vap import native as generate
+from ..vap.mutating import MUTATING_BINDING, MUTATING_POLICY, MUTATING_VERSIONS
 from ..vap.objects import BINDING, GROUP, POLICY
 
-PLURALS: Final = {POLICY: "validatingadmissionpolicies", BINDING: "validatingadmissionpolicybindings"}
+PLURALS: Final = {POLICY: "validatingadmissionpolicies", BINDING: "validatingadmissionpolicybindings",
+                  MUTATING_POLICY: "mutatingadmissionpolicies", MUTATING_BINDING: "mutatingadmissionpolicybindings"}
 SELECTOR: Final = ",".join(f"{key}={value}" for key, value in generate.MANAGED_BY.items())
 ATTEMPTS: Final = 5   # an object changed under us (a replica still shutting down rewrote it): read it again
 
@@ -34,40 +36,33 @@ class Call(Protocol):
 
 @dataclasses.dataclass
 class Removal:
-    """What the cleanup did, each entry "Kind name"; ``version`` None: no ValidatingAdmissionPolicy API."""
+    """What the cleanup did, each entry "Kind name"; ``version`` None: no ValidatingAdmissionPolicy
+    API (``mutating_version``: no MutatingAdmissionPolicy API)."""
     version: str | None = None
+    mutating_version: str | None = None
     deleted: list[str] = dataclasses.field(default_factory=list)
     terminating: list[str] = dataclasses.field(default_factory=list)   # held by someone else's finalizer
     failed: list[str] = dataclasses.field(default_factory=list)        # "Kind name: why"
 
 
-async def served_version(call: Call) -> str | None:
-    """The newest ValidatingAdmissionPolicy version served, None when none is. Unlike an API
-    server that cannot be reached (a 503 here), a version not served is no error."""
-    for version in generate.VALIDATING_VERSIONS:
-        code, answer = await call("GET", f"/apis/{GROUP}/{version}")
-        if code == 404:
-            continue
-        if not 200 <= code <= 299:
-            raise RuntimeError(f"discovery of {GROUP}/{version} failed ({code}): {message_of(answer)}")
-        if any(r.get("name") == PLURALS[POLICY] for r in (answer or {}).get("resources") or []):
-            return version
-    return None
-
-
 async def remove_generated(call: Call) -> Removal:
     """Delete every generated policy and binding; one that cannot be is noted and the rest go on."""
-    removal = Removal(await served_version(call))
+    removal = Removal(await served_version(call, GROUP, generate.VALIDATING_VERSIONS, PLURALS[POLICY]))
     if removal.version is None:
         return removal
-    for kind in (BINDING, POLICY):
+    removal.mutating_version = await served_version(call, GROUP, MUTATING_VERSIONS, PLURALS[MUTATING_POLICY])
+    kinds = [(BINDING, removal.version), (MUTATING_BINDING, removal.mutating_version),
+             (POLICY, removal.version), (MUTATING_POLICY, removal.mutating_version)]
+    for kind, version in kinds:   # bindings first: nothing enforced from the first deletion on
+        if version is None:
+            continue
         try:
-            listed = await _list(call, removal.version, kind)
+            listed = await _list(call, version, kind)
         except RuntimeError as exc:
             removal.failed.append(f"{PLURALS[kind]}: {exc}")
             continue
         for obj in listed:
-            await _remove(call, removal.version, kind, obj, removal)
+            await _remove(call, version, kind, obj, removal)
     return removal
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -103,3 +103,21 @@ def resource_path(group: str, version: str, resource: str, namespace: str = "", 
     base = f"/apis/{group}/{version}" if group else f"/api/{version}"
     where = f"/namespaces/{namespace}" if namespace else ""
     return f"{base}{where}/{resource}" + (f"/{name}" if name else "")
+
+
+async def served_version(call: Callable[..., Awaitable[tuple[int, Any]]], group: str, versions: Sequence[str],
+                         plural: str) -> str | None:
+    """The first of ``versions`` (newest first) of ``group`` that serves ``plural``, or None. Only a
+    404 says a version is not served: any other failure (a 503: the API server starting, or out
+    of reach) is an error, never taken for an API that is gone. ``call``: ``call_json`` bound to
+    a client."""
+    for version in versions:
+        code, answer = await call("GET", f"/apis/{group}/{version}")
+        if code == 404:
+            continue
+        if not 200 <= code <= 299:
+            raise RuntimeError(f"discovery of {group}/{version} failed ({code}): {message_of(answer)}")
+        if any(r.get("name") == plural for r in (answer or {}).get("resources") or []):
+            return version
+    return None
+

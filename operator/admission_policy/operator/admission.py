@@ -83,6 +83,15 @@ async def _decide(phase: Phase, webhook: str) -> None:
                 op.events.record_denial(outcome.policy, decision.message)
 
 
+@kopf.on.validate("", "v1", "events", id="probe", operations=["CREATE"])
+async def probe(**_: Any) -> None:
+    """Refuse the probe, naming it: the API server called the operator by the configuration that
+    routes this name alone (``webhookconfig.probe_name``), so it has loaded that configuration."""
+    exchange = current_exchange()
+    exchange.decision = Decision(allowed=False, code=409, reason="Conflict",
+                                 message=f"probe {exchange.request.name}")
+
+
 @kopf.on.validate(api.GROUP, api.VERSION, api.PLURAL, id="validate-policy", operations=["CREATE", "UPDATE"])
 async def validate_policy(**_: Any) -> None:
     """Refuse an AdmissionPolicy whose spec or CEL is invalid, at `kubectl apply` time."""

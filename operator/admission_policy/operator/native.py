@@ -8,7 +8,9 @@ make-before-break, so that no request goes unjudged:
 - to Native: the generated objects are written, then *proven in effect* (a probe, below), and
   only then does the status say Native and the replicas stop routing the policy;
 - to Webhook: the status says Webhook first, the webhook configurations are written with the
-  policy's rules again, and only then are the generated objects deleted.
+  policy's rules again and *proven routed* (the API server calls the operator for the one dry-run
+  Event the configuration just written routes: ``webhookconfig.probe_name``), and only then are
+  the generated objects deleted.
 
 In between, both judge, and a request passes only what both admit. A generated object deleted
 or edited by hand is written back (while one is missing, the webhook serves the policy); an API
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import secrets
 import time
@@ -36,10 +39,12 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from .. import api
-from ..cluster.client import call_json, message_of
+from ..cluster.client import call_json, message_of, served_version
 from ..cluster.routing import NAMESPACE_NAME_LABEL, ServedIndex, break_glass_condition
 from ..engine import CompiledPolicy
+from ..policyexception import within_limits
 from ..vap import native as generate
+from ..vap.mutating import MUTATING_BINDING, MUTATING_POLICY, MUTATING_VERSIONS
 from ..vap.objects import BINDING, GROUP, POLICY
 from . import conditions, metrics
 from .policyio import write_status
@@ -53,12 +58,16 @@ NATIVE: Final = "Native"                 # the condition type
 PROBE_NAME: Final = "admission-policy-operator.probe"
 PROBE_TIMEOUT: Final = 15.0              # seconds for the API server to load what was written
 INTERVAL: Final = 30.0                   # re-check at least this often (discovery, expiry)
-WEBHOOK_SETTLE: Final = 5.0              # seconds for the API server to route a configuration just written
+POLICY_SETTLE: Final = 5.0               # seconds for Kubernetes 1.28 to compile what it has loaded (probe)
 CONFLICT_PAUSE: Final = 0.2
 MAX_CONFLICTS: Final = 5                 # status writes retried onto a status that changed meanwhile
 POLL: Final = 2.0                        # how often the generated objects are listed for changes
 SWITCH_TIMEOUT: Final = 30.0             # for the replicas to route a policy handed back
-_PLURALS: Final = {POLICY: "validatingadmissionpolicies", BINDING: "validatingadmissionpolicybindings"}
+_PLURALS: Final = {POLICY: "validatingadmissionpolicies", BINDING: "validatingadmissionpolicybindings",
+                   MUTATING_POLICY: "mutatingadmissionpolicies", MUTATING_BINDING: "mutatingadmissionpolicybindings"}
+_BINDINGS: Final = {POLICY: BINDING, MUTATING_POLICY: MUTATING_BINDING}
+PROBE_ANNOTATION: Final = f"{api.GROUP}/probe"
+Served = dict[str, str]   # generated kind → the API version the API server serves it at
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,19 +97,19 @@ async def keep_native(op: Operator) -> None:
     or edited by hand, an API no longer served, an exception's expiry: ``_next_wake``)."""
     while True:
         policies, exceptions = op.store.policies_changed(), op.exceptions.changed()
-        version = None
+        served: Served = {}
         wake = _next_wake(op)
         try:
             if op.store.policies_loaded.is_set() and op.exceptions.loaded.is_set() and await op.reconciles():
-                version = await sync(op)
+                served = await sync(op)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             logger.warning("Native enforcement: a pass failed, retrying: %s", exc)
             wake = POLL   # e.g. the API server restarting: maybe without the API it had
         waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(event.wait()) for event in (policies, exceptions)]
-        if version is not None:
-            waits.append(asyncio.ensure_future(_generated_changed(op, version)))
+        if served:
+            waits.append(asyncio.ensure_future(_generated_changed(op, served)))
         try:
             await asyncio.wait(waits, timeout=wake, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -109,7 +118,7 @@ async def keep_native(op: Operator) -> None:
         await asyncio.sleep(0.2)   # a burst of changes: one pass
 
 
-async def _generated_changed(op: Operator, version: str) -> None:
+async def _generated_changed(op: Operator, served: Served) -> None:
     """Returns once a generated object is deleted or edited by hand, or the objects can no longer be
     listed (the API server restarted without the API: the webhooks must take the policies back at
     once, it enforces them no more): a cheap labelled listing every ``POLL`` seconds (the objects
@@ -117,7 +126,7 @@ async def _generated_changed(op: Operator, version: str) -> None:
     seen = None
     while True:
         try:
-            held = await list_generated(op, version)
+            held = await list_generated(op, served)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -137,16 +146,17 @@ def _next_wake(op: Operator) -> float:
     return max(min(soonest - time.time() + 0.5, INTERVAL), 0.5)
 
 
-async def sync(op: Operator) -> str | None:
-    """One pass over every policy; the ValidatingAdmissionPolicy version served (None: none)."""
-    version = await served_version(op)
+async def sync(op: Operator) -> Served:
+    """One pass over every policy; the generated kinds the API server serves, and their versions."""
+    served = await served_kinds(op)
     kubernetes = await cluster_version(op)
     target = None
-    if version is not None:
+    if served:
         target = generate.Target(
-            version, kubernetes, ServedIndex(await op.discovery.resources()), op.config.all_exempt_namespaces,
-            break_glass_condition(op.config.break_glass_users, op.config.break_glass_groups))
-    held = await list_generated(op, version) if version is not None else {}
+            served[POLICY], kubernetes, ServedIndex(await op.discovery.resources()), op.config.all_exempt_namespaces,
+            break_glass_condition(op.config.break_glass_users, op.config.break_glass_groups),
+            served.get(MUTATING_POLICY))
+    held = await list_generated(op, served)
     # The store's watch keeps every policy's status: no listing of the policies per pass.
     bodies = [_body(op, name) for name in sorted(op.store.generations)]
     known = {*op.store.generations, *op.store.rejected}
@@ -168,7 +178,7 @@ async def sync(op: Operator) -> str | None:
                 assert target is not None
                 _REFUSED[compiled] = (target.version, str(refusal))
                 wanted = decide(op, body, compiled, target)
-                status = await _bring(op, body, compiled, wanted, await _held_by(op, target.version, name))
+                status = await _bring(op, body, compiled, wanted, await _held_by(op, served, name))
         except asyncio.CancelledError:
             raise
         except Exception as exc:   # one policy's trouble holds up no other
@@ -178,7 +188,8 @@ async def sync(op: Operator) -> str | None:
             written.append((status, wanted))
         elif wanted.native:
             await _Status(body).write(op, dataclasses.replace(wanted, type_checking=_type_checking(compiled, mine)))
-    if written and not await probe(op, version or ""):
+    mutates = any(o["kind"] == MUTATING_POLICY for _, wanted in written for o in wanted.objects)
+    if written and not await probe(op, served, mutates):
         logger.warning("Native enforcement: the API server did not load the generated objects within %.0fs; "
                        "the webhooks keep judging %s", PROBE_TIMEOUT, ", ".join(s.name for s, _ in written))
         written = []
@@ -188,7 +199,7 @@ async def sync(op: Operator) -> str | None:
         if _owner(obj) not in known and key[1] != PROBE_NAME:
             await _delete(op, _version(obj), obj)   # its policy is gone (deleted while no replica ran)
     metrics.NATIVE_POLICIES.set(len(op.store.native_scopes))
-    return version
+    return served
 
 
 def _body(op: Operator, name: str) -> dict[str, Any]:
@@ -221,7 +232,9 @@ def decide(op: Operator, body: Mapping[str, Any], compiled: CompiledPolicy,
     if refused is not None and refused[0] == target.version:
         return Wanted(False, "NotPortable", f"the API server refused the generated objects: {refused[1]}")
     objects = tuple(_owned(obj, body) for obj in result.objects)
-    message = f"enforced by the API server: {len(objects) // 2} ValidatingAdmissionPolicy and binding pair(s)"
+    message = "enforced by the API server: " + ", ".join(
+        f"{o['kind']} {o['metadata']['name']}" for o in objects if o["kind"] in (POLICY, MUTATING_POLICY)) + \
+        " (and their bindings)"
     if handed_back:
         message += f"; the webhooks judge it in {', '.join(handed_back)} (exceptions in force there)"
     return Wanted(True, "Generated", message, objects, tuple(handed_back))
@@ -247,8 +260,8 @@ def _type_checking(compiled: CompiledPolicy, held: Mapping[tuple[str, str], Mapp
     return tuple(found)
 
 
-async def _held_by(op: Operator, version: str, name: str) -> dict[tuple[str, str], dict[str, Any]]:
-    return {key: obj for key, obj in (await list_generated(op, version)).items() if _owner(obj) == name}
+async def _held_by(op: Operator, served: Served, name: str) -> dict[tuple[str, str], dict[str, Any]]:
+    return {key: obj for key, obj in (await list_generated(op, served)).items() if _owner(obj) == name}
 
 
 def _handed_back(op: Operator, compiled: CompiledPolicy) -> list[str] | None:
@@ -256,7 +269,8 @@ def _handed_back(op: Operator, compiled: CompiledPolicy) -> list[str] | None:
     None when one covers more than a namespace can say (cluster-scoped objects, a tenant policy)."""
     at = time.time()
     found = sorted({c.exception.namespace for c in op.exceptions.current
-                    if any(ref.name == compiled.name for ref in c.exception.policies) and c.exception.in_force(at)})
+                    if any(ref.name == compiled.name for ref in c.exception.policies) and c.exception.in_force(at)
+                    and within_limits(c.exception, compiled.policy)})   # approved, if it must be, and allowed
     if found and (compiled.policy.namespace is not None or op.exceptions.cluster_namespace in found):
         return None
     return found
@@ -272,15 +286,21 @@ async def _bring(op: Operator, body: Mapping[str, Any], compiled: CompiledPolicy
             await _hand_back(op, status, wanted)
         else:
             await status.write(op, wanted)
+            if held:   # a hand-back whose proof failed (a pass ago): prove it before the objects go
+                await _await_routes(op, status.name, None)
         for obj in held.values():
             await _delete(op, _version(obj), obj)
         return None
     desired = {(obj["kind"], obj["metadata"]["name"]): obj for obj in wanted.objects}
     missing = [key for key in desired if key not in held or held[key]["metadata"].get("deletionTimestamp")]
-    # A binding outliving its policy object is not bound to the new one until written anew (1.28).
-    missing += [(BINDING, name) for kind, name in missing if kind == POLICY and (BINDING, name) not in missing
-                and (BINDING, name) in desired]
     drifted = [key for key, obj in desired.items() if key in held and not _holds(held[key], obj)]
+    # Kubernetes 1.32 refuses to update a MutatingAdmissionPolicy with variables: written anew
+    # instead, as a missing one is (its policy handed back meanwhile).
+    missing += [key for key in drifted if key[0] in (MUTATING_POLICY, MUTATING_BINDING)]
+    # A binding outliving its policy object is not bound to the new one until written anew (1.28).
+    missing += [(_BINDINGS[kind], name) for kind, name in missing if kind in _BINDINGS
+                and (_BINDINGS[kind], name) not in missing and (_BINDINGS[kind], name) in desired]
+    drifted = [key for key in drifted if key not in missing]
     if status.native and missing:
         # Make before break: the webhooks take the policy back while an object is missing.
         await _hand_back(op, status, Wanted(False, "Rewriting", "generated objects missing, being written back: "
@@ -388,9 +408,16 @@ async def _await_routes(op: Operator, name: str, scope: frozenset[str] | None) -
     op.store.changed.set()
     if not await op.store.wait_registration_after(count, max(deadline - time.monotonic(), 1.0)):
         raise RuntimeError(f"the webhook configurations were not written within {SWITCH_TIMEOUT:.0f}s")
-    # The API server reads webhook configurations from a watch, as it reads policies: unlike the
-    # objects above, nothing proves that it has; give it the time it takes (well under a second).
-    await asyncio.sleep(WEBHOOK_SETTLE)
+    # The API server reads webhook configurations from a watch: proven loaded once it calls the
+    # operator for the one request the configuration just written routes (``webhookconfig``).
+    probe = op.store.registration_probe
+    while time.monotonic() < deadline:
+        code, answer = await _dry_run_event(op, probe)
+        if code == 409 and f"probe {probe}" in message_of(answer):   # admission.probe's refusal
+            return
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"the API server did not route by the webhook configurations written within "
+                       f"{SWITCH_TIMEOUT:.0f}s (its probe {probe} never reached the operator)")
 
 
 def _version(obj: Mapping[str, Any]) -> str:
@@ -420,7 +447,8 @@ def _owner(obj: Mapping[str, Any]) -> str:
 
 def _holds(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
     meta, want = existing.get("metadata", {}), desired["metadata"]
-    return generate.FINALIZER in (meta.get("finalizers") or ()) and equivalent(
+    held = generate.FINALIZER in (meta.get("finalizers") or ()) or generate.FINALIZER not in want.get("finalizers", ())
+    return held and equivalent(
         existing.get("spec") or {}, desired["spec"]) and all(
         (meta.get("labels") or {}).get(k) == v for k, v in want["labels"].items()) and all(
         (meta.get("annotations") or {}).get(k) == v for k, v in want.get("annotations", {}).items())
@@ -433,16 +461,18 @@ def _path(version: str, kind: str, name: str = "") -> str:
     return f"/apis/{GROUP}/{version}/{_PLURALS[kind]}" + (f"/{name}" if name else "")
 
 
-async def served_version(op: Operator) -> str | None:
-    """The newest ValidatingAdmissionPolicy version the API server serves, or None."""
-    for version in generate.VALIDATING_VERSIONS:
-        code, answer = await call_json(op.api_client, "GET", f"/apis/{GROUP}/{version}")
-        if 200 <= code <= 299 and any(r.get("name") == _PLURALS[POLICY] for r in (answer or {}).get("resources", [])):
-            return version
-        # 404 alone says "not served": a 503 is an API server starting or out of reach, not a downgrade.
-        if code != 404 and not 200 <= code <= 299:
-            raise RuntimeError(f"discovery of {GROUP}/{version} failed ({code}): {message_of(answer)}")
-    return None
+async def served_kinds(op: Operator) -> Served:
+    """The generated kinds the API server serves, each at its newest version: none without
+    ValidatingAdmissionPolicy; MutatingAdmissionPolicy's where served (behind a gate, or none)."""
+    call = functools.partial(call_json, op.api_client)
+    validating = await served_version(call, GROUP, generate.VALIDATING_VERSIONS, _PLURALS[POLICY])
+    if validating is None:
+        return {}
+    served = dict.fromkeys((POLICY, BINDING), validating)
+    changing = await served_version(call, GROUP, MUTATING_VERSIONS, _PLURALS[MUTATING_POLICY])
+    if changing is not None:
+        served.update(dict.fromkeys((MUTATING_POLICY, MUTATING_BINDING), changing))
+    return served
 
 
 async def cluster_version(op: Operator) -> tuple[int, int]:
@@ -454,11 +484,11 @@ async def cluster_version(op: Operator) -> tuple[int, int]:
     return major, minor
 
 
-async def list_generated(op: Operator, version: str) -> dict[tuple[str, str], dict[str, Any]]:
+async def list_generated(op: Operator, served: Served) -> dict[tuple[str, str], dict[str, Any]]:
     """The generated objects the API server holds, by (kind, name)."""
     found: dict[tuple[str, str], dict[str, Any]] = {}
     selector = ",".join(f"{k}={v}" for k, v in generate.MANAGED_BY.items())
-    for kind in (POLICY, BINDING):
+    for kind, version in served.items():
         code, answer = await call_json(op.api_client, "GET", _path(version, kind), query=[("labelSelector", selector)])
         if not 200 <= code <= 299:
             raise RuntimeError(f"listing {kind}s failed ({code}): {message_of(answer)}")
@@ -488,15 +518,27 @@ async def _delete(op: Operator, version: str, obj: Mapping[str, Any]) -> None:
     """Release our finalizer, delete, and wait until it is gone (a name written anew must be free)."""
     kind, name = obj["kind"], obj["metadata"]["name"]
     path = _path(version, kind, name)
-    if generate.FINALIZER in (obj["metadata"].get("finalizers") or ()):
-        kept = [f for f in obj["metadata"]["finalizers"] if f != generate.FINALIZER]
+    held: Mapping[str, Any] = obj
+    for _ in range(MAX_CONFLICTS):
+        if generate.FINALIZER not in (held["metadata"].get("finalizers") or ()):
+            break
+        kept = [f for f in held["metadata"]["finalizers"] if f != generate.FINALIZER]
         code, answer = await call_json(op.api_client, "PATCH", path, body={"metadata": {
-            "finalizers": kept or None, "resourceVersion": obj["metadata"].get("resourceVersion")}},
+            "finalizers": kept or None, "resourceVersion": held["metadata"].get("resourceVersion")}},
             content_type="application/merge-patch+json")
-        if code == 409:
-            raise RuntimeError(f"{kind} {name} changed while being released; retrying")
+        if code == 409:   # changed meanwhile (another pass, the deletion handler): read it again
+            code, answer = await call_json(op.api_client, "GET", path)
+            if code == 404:
+                return
+            if not 200 <= code <= 299:
+                raise RuntimeError(f"reading {kind} {name} failed ({code}): {message_of(answer)}")
+            held = answer
+            continue
         if not 200 <= code <= 299 and code != 404:
             raise RuntimeError(f"releasing {kind} {name} failed ({code}): {message_of(answer)}")
+        break
+    else:
+        raise RuntimeError(f"{kind} {name} kept changing while being released")
     code, answer = await call_json(op.api_client, "DELETE", path)
     if not 200 <= code <= 299 and code != 404:
         raise RuntimeError(f"deleting {kind} {name} failed ({code}): {message_of(answer)}")
@@ -510,41 +552,67 @@ async def _delete(op: Operator, version: str, obj: Mapping[str, Any]) -> None:
 
 async def remove(op: Operator, name: str) -> None:
     """Delete a policy's generated objects (its deletion: the webhooks have unrouted it already)."""
-    version = await served_version(op)
-    if version is None:
-        return
-    for obj in (await _held_by(op, version, name)).values():
-        await _delete(op, version, obj)
+    for obj in (await _held_by(op, await served_kinds(op), name)).values():
+        await _delete(op, _version(obj), obj)
 
 
-async def probe(op: Operator, version: str) -> bool:
-    """Whether the API server has loaded everything written so far (see the module's docstring)."""
+async def probe(op: Operator, served: Served, mutates: bool) -> bool:
+    """Whether the API server has loaded everything written so far (see the module's docstring):
+    its ValidatingAdmissionPolicies, and (``mutates``) its MutatingAdmissionPolicies, which it
+    loads from watches of their own."""
     token = f"probe-{secrets.token_hex(8)}"
-    namespace = op.config.namespace
-    labels = dict(generate.MANAGED_BY)
-    sentinel = {"apiVersion": f"{GROUP}/{version}", "kind": POLICY, "metadata": {"name": PROBE_NAME, "labels": labels},
-                "spec": {"failurePolicy": "Fail", "matchConstraints": {
-                    "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                                       "resources": ["events"]}],
-                    "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}}},
-                         "validations": [{"expression": "false", "message": token}]}}
-    binding = {"apiVersion": f"{GROUP}/{version}", "kind": BINDING, "metadata": {"name": PROBE_NAME, "labels": labels},
-               "spec": {"policyName": PROBE_NAME, "validationActions": ["Deny"], "matchResources": {
-                   "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                                      "resources": ["events"], "resourceNames": [token]}]}}}
-    held = await list_generated(op, version)
-    for obj in (sentinel, binding):
-        await _write(op, version, obj, held.get((str(obj["kind"]), PROBE_NAME)))
-    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": token, "namespace": namespace},
-             "involvedObject": {"kind": "Namespace", "name": namespace}, "reason": "Probe", "message": "dry run"}
+    sentinels = [_sentinel(op, served[POLICY], (POLICY, BINDING), token, {
+        "validations": [{"expression": "false", "message": token, "reason": "Forbidden"}]}, {
+        "validationActions": ["Deny"]})]
+    if mutates:
+        annotations = {PROBE_ANNOTATION: token}
+        sentinels.append(_sentinel(op, served[MUTATING_POLICY], (MUTATING_POLICY, MUTATING_BINDING), f"{token}-m", {
+            "reinvocationPolicy": "Never", "mutations": [{"patchType": "JSONPatch", "jsonPatch": {
+                "expression": f"[JSONPatch{{op: 'add', path: '/metadata/annotations', value: {annotations!r}}}]"}}]},
+            {}))
+    held = await list_generated(op, served)
+    for obj in (o for pair in sentinels for o in pair):
+        await _write(op, _version(obj), obj, held.get((str(obj["kind"]), PROBE_NAME)))
     deadline = time.monotonic() + PROBE_TIMEOUT
+    waiting = {token, f"{token}-m"} if mutates else {token}
     while time.monotonic() < deadline:
-        code, answer = await call_json(op.api_client, "POST", f"/api/v1/namespaces/{namespace}/events",
-                                       query=[("dryRun", "All")], body=event)
-        if code >= 400 and token in message_of(answer):
+        for name in sorted(waiting):
+            code, answer = await _dry_run_event(op, name)
+            refused = code == 403 and token in message_of(answer)   # the sentinel's (an invalid Event is a 422)
+            mutated = 200 <= code <= 299 and \
+                ((answer.get("metadata") or {}).get("annotations") or {}).get(PROBE_ANNOTATION) == token
+            if refused if name == token else mutated:
+                waiting.discard(name)
+        if not waiting:
             # Kubernetes 1.28 compiles each policy and binding on a work queue of its own after the
             # watch delivers it: the sentinel's may come first. Give the others the time they take.
-            await asyncio.sleep(WEBHOOK_SETTLE)
+            await asyncio.sleep(POLICY_SETTLE)
             return True
         await asyncio.sleep(0.2)
     return False
+
+
+def _sentinel(op: Operator, version: str, kinds: tuple[str, str], name: str, spec: dict[str, Any],
+              binding: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A probe's policy and binding: for the dry-run Event ``name`` alone, in the operator's namespace."""
+    events = {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["events"]}
+    metadata = {"name": PROBE_NAME, "labels": dict(generate.MANAGED_BY)}
+    policy = {"apiVersion": f"{GROUP}/{version}", "kind": kinds[0], "metadata": metadata, "spec": {
+        "failurePolicy": "Fail", **spec, "matchConstraints": {
+            "resourceRules": [events],
+            "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: op.config.namespace}}}}}
+    bound = {"apiVersion": f"{GROUP}/{version}", "kind": kinds[1], "metadata": dict(metadata), "spec": {
+        "policyName": PROBE_NAME, **binding,
+        "matchResources": {"resourceRules": [{**events, "resourceNames": [name]}]}}}
+    return policy, bound
+
+
+async def _dry_run_event(op: Operator, name: str) -> tuple[int, Any]:
+    """A valid Event (an invalid one is refused before admission), dry run: nothing is stored."""
+    namespace = op.config.namespace
+    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": namespace},
+             "involvedObject": {"apiVersion": "v1", "kind": "ConfigMap", "namespace": namespace, "name": name},
+             "reason": "Probe", "message": "dry run", "type": "Normal"}
+    return await call_json(op.api_client, "POST", f"/api/v1/namespaces/{namespace}/events",
+                           query=[("dryRun", "All")], body=event)
+

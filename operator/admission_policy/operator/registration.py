@@ -28,6 +28,7 @@ from .webhookconfig import (
     build_validating_configuration,
     held_problem,
     holds,
+    probe_name,
 )
 
 logger = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class _Keeper:
             else:
                 logger.info("Webhook configurations %s written for %d policies", name, len(snapshot))
         self.written = {validating["kind"]: validating, mutating["kind"]: mutating}
-        await self.store.mark_registered(generations)
+        await self.store.mark_registered(generations, probe_name(validating))
 
     async def report_loss(self, error: Exception) -> None:
         """After a failed write: if the API server no longer holds what was last written, no

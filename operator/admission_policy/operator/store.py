@@ -92,6 +92,7 @@ class PolicyStore:
         self.namespaces: dict[str, Mapping[str, Any]] = {}
         self.registered: dict[str, int] = {}             # generation present in written configurations
         self.registration_count = 0                      # configurations written so far
+        self.registration_probe = ""                     # ... the last of them proven loaded by this name
         self.registration_lost = ""                      # why the API server lacks what we wrote ("": it has it)
         self._registration_changed = asyncio.Event()     # set (and replaced) when either of the two changes
         self._policies_changed = asyncio.Event()         # set (and replaced) when a policy or its enforcer changes
@@ -207,11 +208,13 @@ class PolicyStore:
         for name in {key for key in self.generations if ("/" in key) == namespaced} - names:
             self.forget(name, "a fresh listing no longer holds it")
 
-    async def mark_registered(self, generations: Mapping[str, int]) -> None:
-        """The configurations now route exactly these policies (at these generations)."""
+    async def mark_registered(self, generations: Mapping[str, int], probe: str = "") -> None:
+        """The configurations now route exactly these policies (at these generations); ``probe``:
+        the request only they route (``webhookconfig.probe_name``)."""
         async with self._registration:
             changed = self.registered != generations or self.registration_lost
             self.registered = dict(generations)
+            self.registration_probe = probe
             self.registration_lost = ""
             self.registration_count += 1
             self._registration.notify_all()

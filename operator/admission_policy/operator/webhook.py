@@ -51,6 +51,7 @@ from .config import OperatorConfig
 from .webhookconfig import (
     MUTATE_EXCEPTION_PATH,
     MUTATE_PATH,
+    PROBE_PATH,
     VALIDATE_EXCEPTION_PATH,
     VALIDATE_PATH,
     VALIDATE_POLICY_PATH,
@@ -60,7 +61,7 @@ from .webhookconfig import (
 logger = logging.getLogger(__name__)
 
 WEBHOOK_PATHS = (VALIDATE_PATH, MUTATE_PATH, VALIDATE_POLICY_PATH, VALIDATE_TENANT_POLICY_PATH, VALIDATE_EXCEPTION_PATH,
-                 MUTATE_EXCEPTION_PATH)
+                 MUTATE_EXCEPTION_PATH, PROBE_PATH)
 # The API server sends objects of up to 1.5 MiB (etcd's request limit); an UPDATE carries two of
 # them. 1 MiB more covers the review around them and JSON being longer than the stored encoding.
 MAX_REVIEW_BYTES = 4 * 1024 * 1024

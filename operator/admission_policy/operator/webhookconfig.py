@@ -9,6 +9,8 @@ something differs.
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, Protocol
@@ -41,6 +43,9 @@ VALIDATE_POLICY_PATH = "/validate-policy"  # handler id "validate-policy"
 VALIDATE_EXCEPTION_PATH = "/validate-exception"  # handler id "validate-exception"
 MUTATE_EXCEPTION_PATH = "/mutate-exception"  # handler id "mutate-exception"
 VALIDATE_TENANT_POLICY_PATH = "/validate-tenant-policy"  # handler id "validate-tenant-policy"
+PROBE_PATH = "/probe"  # handler id "probe"
+PROBE_WEBHOOK_NAME = f"probe.validate.{DOMAIN}"
+PROBE_PREFIX = "admission-policy-operator.probe."
 POLICY_WEBHOOK_NAME = f"policies.validate.{DOMAIN}"
 TENANT_POLICY_WEBHOOK_NAME = f"tenant-policies.validate.{DOMAIN}"
 EXCEPTION_WEBHOOK_NAMES = (f"exceptions.validate.{DOMAIN}", f"exceptions.mutate.{DOMAIN}")
@@ -64,7 +69,38 @@ def build_validating_configuration(
                      "admissionpolicyexceptions", ("record-or-spec-written", RECORD_OR_SPEC_WRITTEN)),
     ]
     webhooks += _routed_webhooks(settings, ca_bundle, routes, discovered, mutating=False)
+    webhooks.append(_probe_webhook(settings, ca_bundle, webhooks))
     return _configuration("ValidatingWebhookConfiguration", settings, webhooks)
+
+
+def probe_name(validating: Mapping[str, Any]) -> str:
+    """The name of the dry-run Event that only this configuration routes to the operator: once the
+    API server refuses it with that name, it routes by this configuration (operator/native.py)."""
+    for webhook in validating.get("webhooks") or ():
+        if webhook.get("name") == PROBE_WEBHOOK_NAME:
+            return str(webhook["matchConditions"][0]["expression"]).split("'")[1]
+    raise ValueError("a ValidatingWebhookConfiguration without the probe entry")
+
+
+def _probe_webhook(settings: OperatorConfig, ca_bundle: str, webhooks: list[dict[str, Any]]) -> dict[str, Any]:
+    """An entry for one Event name, made of a digest of every other entry (so replicas writing the
+    same routes write the same name): no request but the operator's own dry-run probe matches it,
+    and its failurePolicy is Ignore, in the operator's namespace alone."""
+    digest = hashlib.sha256(json.dumps(webhooks, sort_keys=True).encode()).hexdigest()[:20]
+    return {
+        "name": PROBE_WEBHOOK_NAME,
+        "admissionReviewVersions": ["v1"],
+        "clientConfig": _client_config(settings, ca_bundle, PROBE_PATH),
+        "failurePolicy": "Ignore",
+        "matchPolicy": "Equivalent",
+        "namespaceSelector": {"matchExpressions": [
+            {"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": [settings.namespace]}]},
+        "matchConditions": [{"name": "probe", "expression": f"request.name == '{PROBE_PREFIX}{digest}'"}],
+        "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["events"],
+                   "scope": "Namespaced"}],
+        "sideEffects": "None",
+        "timeoutSeconds": settings.webhook_timeout,
+    }
 
 
 def build_mutating_configuration(

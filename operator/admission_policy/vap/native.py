@@ -1,5 +1,6 @@
-"""An AdmissionPolicy as the objects Kubernetes enforces itself: a ValidatingAdmissionPolicy and
-its binding per place the policy judges (the Pods it names, and the Pod templates of workloads).
+"""An AdmissionPolicy as the objects Kubernetes enforces itself: per place the policy judges (the
+Pods it names, and the Pod templates of workloads), a ValidatingAdmissionPolicy and its binding
+for its validations, a MutatingAdmissionPolicy and its binding for its mutations (``mutating``).
 
 The API server then decides without calling the operator, and goes on deciding with every
 replica down. Only what decides the same way there is generated (``blockers`` says what keeps a
@@ -11,16 +12,15 @@ build the same objects.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
-import functools
 import hashlib
+import json
 import weakref
 from collections.abc import Collection, Mapping
 from typing import Any, Final
 
-from .. import api, celast
-from ..cel import check
-from ..cellib import compat
+from .. import api
 from ..cluster.routing import (
     CRDS,
     NAMESPACE_NAME_LABEL,
@@ -32,10 +32,12 @@ from ..cluster.routing import (
     routes,
 )
 from ..engine import CompiledPolicy
-from ..engine.podcontrollers import JOB_TEMPLATE, POD_TEMPLATE, Location, selected
+from ..engine.podcontrollers import JOB_TEMPLATE, POD_TEMPLATE, Location
+from . import mutating
+from .expressions import OPTIONAL_TYPES, NotNative, newer_libraries, source, template_changed, uses_optionals
 from .lowering import NotLowerable, lower_optionals
 from .objects import BINDING, GROUP, POLICY
-from .portability import Finding, kubernetes_cel, portability
+from .portability import Finding, portability
 
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "admission-policy-operator"}
 # Every generated object says whose it is: the cleanup (a policy deleted, ``helm uninstall``)
@@ -52,9 +54,13 @@ FINALIZER: Final = f"{api.GROUP}/native"
 ACTIONS: Final[Mapping[str, str]] = {"Enforce": "Deny", "Warn": "Warn", "Audit": "Audit"}
 # ValidatingAdmissionPolicy: v1 from Kubernetes 1.30, v1beta1 from 1.28 (behind its gate until 1.30).
 VALIDATING_VERSIONS: Final = ("v1", "v1beta1")
-OPTIONAL_TYPES: Final = (1, 29)   # Kubernetes' CEL has optional types from this version
-_OPTIONAL_CALLS: Final = frozenset({"_?._", "_[?_]", "optional.of", "optional.ofNonZeroValue", "optional.none"})
 _PLACES: Final[Mapping[Location, str]] = {(): "policy", POD_TEMPLATE: "podtemplate", JOB_TEMPLATE: "jobtemplate"}
+# The webhook's words for a Pod template's failure (``engine.evaluation``): the workload's kind and
+# name (or generateName), then the message.
+_TEMPLATE_OF: Final = (
+    "'the Pod template of ' + request.kind.kind + (request.name != '' ? ' \"' + request.name + '\"' : "
+    "has(object.metadata.generateName) ? ' \"' + object.metadata.generateName + '\"' : '') + "
+    "' would violate the policy: '")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +71,7 @@ class Target:
     served: ServedIndex                   # discovery, to expand rules as the webhooks do
     exempt_namespaces: tuple[str, ...] = ()
     break_glass: Mapping[str, str] | None = None   # routing.break_glass_condition
+    mutating_version: str | None = None   # the MutatingAdmissionPolicy API version served, if any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,26 +86,39 @@ class Plan:
         return not self.blockers
 
 
-def blockers(compiled: CompiledPolicy, body: Mapping[str, Any], kubernetes: tuple[int, int]) -> list[Finding]:
-    """What Kubernetes (at this version) cannot decide as this operator does, field by field.
-    Checked once per compiled generation and version: the operator asks again on every pass."""
+def blockers(compiled: CompiledPolicy, body: Mapping[str, Any], kubernetes: tuple[int, int],
+             mutating_version: str | None = None) -> list[Finding]:
+    """What Kubernetes (at this version, serving MutatingAdmissionPolicy at ``mutating_version``)
+    cannot decide or mutate as this operator does, field by field. Checked once per compiled
+    generation and cluster: the operator asks again on every pass."""
     known = _BLOCKERS.setdefault(compiled, {})
-    if kubernetes not in known:
-        known[kubernetes] = tuple(_blockers(compiled, body, kubernetes))
-    return list(known[kubernetes])
+    key = (kubernetes, mutating_version)
+    if key not in known:
+        known[key] = tuple(_blockers(compiled, body, kubernetes, mutating_version))
+    return list(known[key])
 
 
 # The CEL compiles behind a verdict cost milliseconds per expression; a generation is immutable.
-_BLOCKERS: weakref.WeakKeyDictionary[CompiledPolicy, dict[tuple[int, int], tuple[Finding, ...]]] = \
-    weakref.WeakKeyDictionary()
+_BLOCKERS: weakref.WeakKeyDictionary[CompiledPolicy, dict[tuple[tuple[int, int], str | None], tuple[Finding, ...]]] \
+    = weakref.WeakKeyDictionary()
 
 
-def _blockers(compiled: CompiledPolicy, body: Mapping[str, Any], kubernetes: tuple[int, int]) -> list[Finding]:
+def _blockers(compiled: CompiledPolicy, body: Mapping[str, Any], kubernetes: tuple[int, int],
+              mutating_version: str | None) -> list[Finding]:
     policy = compiled.policy
-    found = [*portability(compiled, body).blockers, *_newer_libraries(compiled, kubernetes)]
+    # portability() speaks of a ValidatingAdmissionPolicy, which only validates: mutations are
+    # mutating's to judge, against the MutatingAdmissionPolicy this cluster serves.
+    found = [f for f in portability(compiled, body).blockers if f.path != "spec.mutations"]
+    found += newer_libraries(compiled, kubernetes)
+    if policy.mutations and mutating_version is None:
+        found.append(Finding("spec.mutations", "the API server serves no MutatingAdmissionPolicy "
+                                               "(admissionregistration.k8s.io v1alpha1 from Kubernetes 1.32, behind "
+                                               "its feature gate)"))
+    elif policy.mutations:
+        found += [f for f in mutating.mutation_blockers(compiled, kubernetes) if f not in found]
     if kubernetes < OPTIONAL_TYPES:
         for expression in policy.expressions():
-            if _optional(expression.source):
+            if uses_optionals(expression.source):
                 try:
                     lower_optionals(expression.source)
                 except NotLowerable as error:
@@ -119,19 +139,16 @@ def plan(compiled: CompiledPolicy, body: Mapping[str, Any], target: Target,
          handed_back: Collection[str] = ()) -> Plan:
     """The native objects of this policy; ``handed_back``: namespaces they leave to the webhook
     (where an exception is in force: the webhook applies it, and its expiry, to the second)."""
-    found = blockers(compiled, body, target.kubernetes)
+    found = blockers(compiled, body, target.kubernetes, target.mutating_version)
     if found:
         return Plan(blockers=tuple(found))
     objects: list[dict[str, Any]] = []
     for part in (compiled, *compiled.derived):
         try:
-            policy_object = _policy_object(part, target, handed_back)
-        except _NotNative as error:
+            objects += _place(part, target, handed_back)
+        except NotNative as error:
             return Plan(blockers=(dataclasses.replace(error.finding, message=f"{error.finding.message} "
                                                       "(spec.podControllers: [] judges Pods alone)"),))
-        if policy_object is None:
-            continue
-        objects += [policy_object, _binding(part, target, policy_object["metadata"])]
     if not objects:
         return Plan(blockers=(Finding("spec.match.resources", "names nothing this cluster serves"),))
     return Plan(tuple(objects))
@@ -162,18 +179,48 @@ def owner_labels(policy: api.AdmissionPolicy) -> dict[str, str]:
 # ---- building -------------------------------------------------------------------------------
 
 
-def _policy_object(part: CompiledPolicy, target: Target, handed_back: Collection[str]) -> dict[str, Any] | None:
+def _place(part: CompiledPolicy, target: Target, handed_back: Collection[str]) -> list[dict[str, Any]]:
+    """One place's objects: its validations' policy and binding, its mutations' (both named after
+    the place: different kinds), policies before their bindings."""
     policy = part.policy
     scope = "Namespaced" if policy.namespace else "*"
-    rules = admission_rules(atoms(routes(part, derived=False), target.served), scope)
-    if not rules:
-        return None
+    metadata = {"name": object_name(policy, part.template), "labels": owner_labels(policy),
+                "annotations": {GENERATION_ANNOTATION: str(policy.generation), POLICY_ANNOTATION: policy.name},
+                "finalizers": [FINALIZER]}
+    objects = []
+    validating = admission_rules(atoms([r for r in routes(part, derived=False) if not r.mutating], target.served),
+                                 scope)
+    if validating:
+        lower = target.kubernetes < OPTIONAL_TYPES
+        spec = {**_matching(part, target, handed_back, validating),
+                "validations": [_validation(v, part.template, lower) for v in policy.validations]}
+        objects += _pair(target.version, (POLICY, BINDING), metadata, spec,
+                         {"validationActions": [ACTIONS[policy.enforcement]]}, policy)
+    changing = mutating.rules(part, target.served) if target.mutating_version else []
+    if changing:
+        spec = mutating.spec(part, _matching(part, target, handed_back, changing))
+        # No finalizer: Kubernetes 1.32 refuses every update of a MutatingAdmissionPolicy with
+        # variables (it checks its expressions without them), releasing a finalizer included.
+        unheld = {key: value for key, value in metadata.items() if key != "finalizers"}
+        objects += _pair(target.mutating_version or "", (mutating.MUTATING_POLICY, mutating.MUTATING_BINDING),
+                         unheld, spec, {}, policy)
+    return objects
+
+
+def _matching(part: CompiledPolicy, target: Target, handed_back: Collection[str],
+              rules: list[dict[str, Any]]) -> dict[str, Any]:
+    """What every generated policy of a place has: its failurePolicy, what it matches (the
+    webhooks' rules and exemptions, and a Pod template's skip of an UPDATE that leaves it as it
+    was), its variables and param kind."""
+    policy = part.policy
+    lower = target.kubernetes < OPTIONAL_TYPES
     conditions = [] if target.break_glass is None else [dict(target.break_glass)]
     if any((rule["apiGroups"][0], plural(resource)) == CRDS for rule in rules for resource in rule["resources"]):
         conditions.append(dict(NOT_OWN_CRD))
-    lower = target.kubernetes < OPTIONAL_TYPES
-    conditions += [{"name": c.name, "expression": _source(c.expression.source, part.template, c.expression.path,
-                                                          lower)} for c in policy.match.conditions]
+    if part.template and any(operation in ("UPDATE", "*") for rule in rules for operation in rule["operations"]):
+        conditions.append(template_changed(part.template))
+    conditions += [{"name": c.name, "expression": source(c.expression.source, part.template, c.expression.path,
+                                                         lower)} for c in policy.match.conditions]
     spec: dict[str, Any] = {
         "failurePolicy": policy.failure_policy,
         "matchConstraints": {
@@ -182,29 +229,22 @@ def _policy_object(part: CompiledPolicy, target: Target, handed_back: Collection
             "objectSelector": _selector(policy.match.object_selector),
             "matchPolicy": "Equivalent",
         },
-        "validations": [_validation(v, part.template, lower) for v in policy.validations],
     }
     if conditions:
         spec["matchConditions"] = conditions
     if policy.variables:
-        spec["variables"] = [{"name": v.name, "expression": _source(v.expression.source, part.template,
-                                                                    v.expression.path, lower)}
+        spec["variables"] = [{"name": v.name, "expression": source(v.expression.source, part.template,
+                                                                   v.expression.path, lower)}
                              for v in policy.variables]
     if policy.param_kind is not None:
         spec["paramKind"] = {"apiVersion": policy.param_kind.api_version, "kind": policy.param_kind.kind}
-    return {
-        "apiVersion": f"{GROUP}/{target.version}",
-        "kind": POLICY,
-        "metadata": {"name": object_name(policy, part.template), "labels": owner_labels(policy),
-                     "annotations": {GENERATION_ANNOTATION: str(policy.generation), POLICY_ANNOTATION: policy.name},
-                     "finalizers": [FINALIZER]},
-        "spec": spec,
-    }
+    return spec
 
 
-def _binding(part: CompiledPolicy, target: Target, metadata: Mapping[str, Any]) -> dict[str, Any]:
-    policy = part.policy
-    spec: dict[str, Any] = {"policyName": metadata["name"], "validationActions": [ACTIONS[policy.enforcement]]}
+def _pair(version: str, kinds: tuple[str, str], metadata: Mapping[str, Any], spec: dict[str, Any],
+          binding: dict[str, Any], policy: api.AdmissionPolicy) -> list[dict[str, Any]]:
+    """A policy object and the binding that puts it in force, with the policy's params."""
+    binding = {"policyName": metadata["name"], **binding}
     ref = policy.param_ref
     if ref is not None:
         param_ref: dict[str, Any] = {"parameterNotFoundAction": ref.not_found_action}
@@ -214,22 +254,25 @@ def _binding(part: CompiledPolicy, target: Target, metadata: Mapping[str, Any]) 
             param_ref["selector"] = _selector(ref.selector)
         if ref.namespace is not None:
             param_ref["namespace"] = ref.namespace
-        spec["paramRef"] = param_ref
-    return {"apiVersion": f"{GROUP}/{target.version}", "kind": BINDING,
-            "metadata": {"name": metadata["name"], "labels": dict(metadata["labels"]),
-                         "annotations": dict(metadata["annotations"]), "finalizers": [FINALIZER]},
-            "spec": spec}
+        binding["paramRef"] = param_ref
+    api_version = f"{GROUP}/{version}"
+    return [{"apiVersion": api_version, "kind": kinds[0], "metadata": copy.deepcopy(dict(metadata)), "spec": spec},
+            {"apiVersion": api_version, "kind": kinds[1], "metadata": copy.deepcopy(dict(metadata)), "spec": binding}]
 
 
 def _validation(validation: api.Validation, template: Location, lower: bool) -> dict[str, Any]:
     assert validation.expression is not None   # a plugin validation is a blocker
-    out: dict[str, Any] = {"expression": _source(validation.expression.source, template, validation.expression.path,
-                                                 lower), "reason": validation.reason}
+    out: dict[str, Any] = {"expression": source(validation.expression.source, template, validation.expression.path,
+                                                lower), "reason": validation.reason}
     if validation.message is not None:
         out["message"] = validation.message
     if validation.message_expression is not None:
-        out["messageExpression"] = _source(validation.message_expression.source, template,
-                                           validation.message_expression.path, lower)
+        out["messageExpression"] = source(validation.message_expression.source, template,
+                                          validation.message_expression.path, lower)
+    if template:   # says whose Pod template it judged, as the webhook does (the message stays the fallback)
+        text = out.get("messageExpression") or json.dumps(
+            validation.message or f"failed expression: {validation.expression.source.strip()}", ensure_ascii=False)
+        out["messageExpression"] = f"{_TEMPLATE_OF} + ({text})"
     return out
 
 
@@ -256,108 +299,6 @@ def _selector(selector: api.LabelSelector) -> dict[str, Any]:
         out["matchExpressions"] = [{"key": r.key, "operator": r.operator, **(
             {"values": sorted(r.values)} if r.values else {})} for r in selector.match_expressions]
     return out
-
-
-# ---- Pod templates ----------------------------------------------------------------------------
-
-
-class _NotNative(Exception):
-    """Raised while building: this part of the policy does not port (``finding`` says why)."""
-
-    def __init__(self, finding: Finding) -> None:
-        super().__init__(str(finding))
-        self.finding = finding
-
-
-@functools.lru_cache(maxsize=4096)
-def _source(source: str, template: Location, path: str, lower: bool = False) -> str:
-    """The expression as written (``lower``: without optional syntax, for Kubernetes before 1.29;
-    ``blockers`` has said that it can be), or, for a workload's Pod template, reading the template
-    where it read the Pod: ``object.spec`` and ``object.metadata.labels`` become the template's,
-    while ``object.metadata.name`` (and ``namespace``, ``generateName``) stay the workload's, as in
-    ``podcontrollers.pod_view``. Typed, as Kubernetes checks it; what reads the Pod otherwise (as
-    a whole, its ``kind``) does not port."""
-    if lower and _optional(source):
-        source = lower_optionals(source)
-    if not template:
-        return source
-    text = compat.respell(source)
-    checked = celast.Checked.decode(check(kubernetes_cel().environment(), text).serialize())
-    parents = {child.id: node for node in celast.walk(checked.root) for child in node.children()}
-    nodes = {node.id: node for node in celast.walk(checked.root)}
-    positions = checked.positions
-    edits = set()
-    for node_id, name in checked.names.items():
-        node = nodes.get(node_id)
-        if name not in ("object", "oldObject") or node is None or node.kind != "ident" or node_id not in positions:
-            continue
-        if _reads_template(node, parents, name, path):
-            edits.add((positions[node_id], name))
-    path_text = "".join(f".{key}" for key in template)
-    for position, name in sorted(edits, reverse=True):   # from the end: earlier offsets stay valid
-        if text[position:position + len(name)] != name:
-            raise _NotNative(Finding(path, "cannot be rewritten for Pod templates"))
-        text = text[:position] + name + path_text + text[position + len(name):]
-    return text
-
-
-def _reads_template(node: celast.Expr, parents: Mapping[int, celast.Expr], name: str, path: str) -> bool:
-    """Whether this read of ``object``/``oldObject`` goes to the template (else it stays)."""
-    parent = parents.get(node.id)
-    first = _field(parent, node)
-    if first == "spec":
-        return True
-    if first == "metadata" and parent is not None:
-        second = _field(parents.get(parent.id), parent)
-        if second in ("name", "namespace", "generateName"):
-            return False
-        if second is not None:
-            return True
-    if first is None and parent is not None and parent.kind == "call" and parent.name in ("_==_", "_!=_") \
-            and any(arg.kind == "const" and arg.constant() is None and arg is not node for arg in parent.args):
-        return False   # null or not: the same for the workload and the Pod it stands for
-    what = f"{name}.{first}" if first else name
-    raise _NotNative(Finding(path, f"reads {what}, which a Pod template does not stand for natively"))
-
-
-def _field(parent: celast.Expr | None, child: celast.Expr) -> str | None:
-    """The field ``parent`` reads of ``child`` (``child.f``, ``has(child.f)``, ``child.?f``, ``child['f']``)."""
-    found = selected(parent) if parent is not None else None
-    return found[1] if found is not None and found[0] is child else None
-
-
-# ---- versions ---------------------------------------------------------------------------------
-
-
-def _newer_libraries(compiled: CompiledPolicy, kubernetes: tuple[int, int]) -> list[Finding]:
-    """Each expression that calls a library this cluster's Kubernetes does not have yet (a 1.28
-    API server has no IP or CIDR functions, a 1.32 one no semver)."""
-    environment = kubernetes_cel()
-    newer = [library for library in environment.libraries if library.functions and _version(library.since) > kubernetes]
-    return [Finding(expression.path, f"needs Kubernetes {library.since} or later (library {library.name}); "
-                                     f"this cluster is {kubernetes[0]}.{kubernetes[1]}")
-            for expression in compiled.policy.expressions()
-            # One that does not compile at all is portability's blocker, not every library's.
-            if newer and environment.compile_error(expression.source) is None
-            for library in newer if environment.compile_error(expression.source, library.name) is not None]
-
-
-def _version(text: str) -> tuple[int, int]:
-    try:
-        major, minor = text.split(".")[:2]
-        return int(major), int(minor)
-    except ValueError:
-        return (0, 0)
-
-
-def _optional(source: str) -> bool:
-    """Whether the expression uses optional types (they always begin with one of these)."""
-    try:
-        root = celast.Checked.decode(check(kubernetes_cel().environment(), compat.respell(source)).serialize()).root
-    except RuntimeError:
-        return False   # not Kubernetes' CEL at all: portability's blocker already says so
-    return any((node.kind == "call" and node.name in _OPTIONAL_CALLS) or any(e.optional for e in node.entries)
-               or (node.kind == "list" and bool(node.raw)) for node in celast.walk(root))
 
 
 def _names_crds(rule: api.ResourceRule) -> bool:

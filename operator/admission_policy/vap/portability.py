@@ -192,46 +192,49 @@ def _version(text: str) -> tuple[int, ...]:
 # --- homogeneous aggregate literals --------------------------------------------------------------
 
 _PRIMITIVES: Final = {1: "bool", 2: "int", 3: "uint", 4: "double", 5: "string", 6: "bytes"}
-_ANY: Final = ("dyn", "param", "error")
 
 
 def mixed_literal(source: str, checked: celast.Checked) -> str | None:
-    """Kubernetes compiles with cel-go's HomogeneousAggregateLiterals: each list literal's elements,
-    and each map literal's keys and values, must be of one type (or dyn). The environment here
-    does not check that; a policy mixing them would be refused by the API server."""
+    """Kubernetes compiles with cel-go's homogeneous-aggregate-literal validator: each list
+    literal's elements, and each map literal's keys and values, must be of equivalent types (a
+    ``dyn`` only with a ``dyn``), but within ``format()``'s arguments. The environment here does
+    not check that; a policy mixing them would be refused by the API server."""
     kinds = celast.types(checked)
+    parents = {child.id: node for node in celast.walk(checked.root) for child in node.children()}
     for node in celast.walk(checked.root):
         if node.kind == "list":
-            groups = [("list", [node.args])]
+            indices = set(node.optional_indices())
+            groups = [("list", [(item, i in indices) for i, item in enumerate(node.args)])]
         elif node.kind == "struct" and not node.name:   # a map literal (a message's fields are typed)
-            groups = [("map", [[e.key for e in node.entries if e.key is not None], [e.value for e in node.entries]])]
+            groups = [("map", [(e.key, False) for e in node.entries if e.key is not None]),
+                      ("map", [(e.value, e.optional) for e in node.entries])]
         else:
             continue
-        for what, members in groups:
-            for items in members:
-                joined: celast.Type | None = None
-                for item in items:
-                    current = kinds.get(item.id, ("dyn",))
-                    if joined is None or _assignable(joined, current):
-                        joined = current if joined is None or joined[0] in _ANY else joined
-                        continue
+        if _in_format(node, parents):
+            continue
+        for what, items in groups:
+            first: celast.Type | None = None
+            for item, optional in items:
+                current = kinds.get(item.id, ("dyn",))
+                if optional and current[0] == "abstract" and len(current) > 2:
+                    current = current[2]   # ``?x``: the optional's value
+                if first is None:
+                    first = current
+                elif current != first:
                     where = _line_column(source, checked.positions.get(node.id, 0))
-                    return (f"{where} a {what} literal mixes {_name(joined)} and {_name(current)}, which Kubernetes' "
-                            "CEL refuses (one type per list, and per map's keys and values): wrap them in dyn()")
+                    return (f"{where} a {what} literal mixes {_name(first)} and {_name(current)}, which Kubernetes' "
+                            "CEL refuses (one type per list, and per map's keys and values): make them one type, "
+                            "e.g. wrap each in dyn()")
     return None
 
 
-def _assignable(a: celast.Type, b: celast.Type) -> bool:
-    if a == b or a[0] in _ANY or b[0] in _ANY:
-        return True
-    if a[0] == b[0] and a[0] in ("list", "map", "type", "abstract") and len(a) == len(b):
-        return all(x == y if isinstance(x, str) else _assignable(x, y) for x, y in zip(a[1:], b[1:], strict=True))
-    if {a[0], b[0]} == {"wrapper", "primitive"}:
-        return bool(a[1] == b[1])
-    if "null" in (a[0], b[0]):
-        other = b if a[0] == "null" else a
-        return other[0] in ("null", "message", "wrapper", "well_known", "abstract")
-    return False
+def _in_format(node: celast.Expr, parents: Mapping[int, celast.Expr]) -> bool:
+    """Within ``format()``'s arguments, through enclosing lists and maps: exempt (a format's
+    arguments are of many types by design)."""
+    parent = parents.get(node.id)
+    while parent is not None and (parent.kind == "list" or (parent.kind == "struct" and not parent.name)):
+        parent = parents.get(parent.id)
+    return parent is not None and parent.kind == "call" and parent.name == "format"
 
 
 def _name(kind: celast.Type) -> str:

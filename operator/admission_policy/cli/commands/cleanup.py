@@ -1,5 +1,6 @@
 """``admission-policy cleanup``: what ``helm uninstall`` runs; the operator's webhook configurations
-and every ValidatingAdmissionPolicy and binding generated for native enforcement (``cli/uninstall.py``)."""
+and every Validating- and MutatingAdmissionPolicy and binding generated for native enforcement
+(``cli/uninstall.py``)."""
 from __future__ import annotations
 
 import json
@@ -18,12 +19,12 @@ def cleanup_command(name: str) -> None:
 
     \b
     - both webhook configurations named --name (as `cleanup-webhooks`);
-    - every ValidatingAdmissionPolicy and binding generated for native enforcement (labelled
-      app.kubernetes.io/managed-by=admission-policy-operator), on whichever of
-      admissionregistration.k8s.io v1 and v1beta1 the cluster serves: its finalizer released,
-      bindings before policies. They carry nothing of a Helm release (every release in a cluster
-      generates them from the same policies), so all of them go: an operator of another release
-      still running writes them back, after a few seconds in which those policies go unenforced.
+    - every Validating- and MutatingAdmissionPolicy and binding generated for native
+      enforcement (labelled app.kubernetes.io/managed-by=admission-policy-operator), at the
+      versions the cluster serves: its finalizer released, bindings before policies. They carry
+      nothing of a Helm release (every release in a cluster generates them from the same
+      policies), so all of them go: an operator of another release still running writes them
+      back, after a few seconds in which those policies go unenforced.
 
     Prints what it deleted. Exit 2, naming what could not be deleted, when anything could not.
     The chart's uninstall hook runs it. Without --name, the name `admission-policy run` uses:
@@ -75,7 +76,7 @@ def cleanup_command(name: str) -> None:
         if removal.version is None:
             click.echo("no ValidatingAdmissionPolicy API served: nothing generated to delete")
         elif not removal.deleted and not removal.terminating and not removal.failed:
-            click.echo("no generated ValidatingAdmissionPolicies or bindings")
+            click.echo("no generated admission policies or bindings")
         problems += removal.failed
     if problems:
         fail(RuntimeError("cannot delete " + "; ".join(" ".join(p.split()) for p in problems)))

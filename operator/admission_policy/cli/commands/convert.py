@@ -25,6 +25,10 @@ from ..output import fail
               help="With --to-native: the Kubernetes version to generate for (its CEL, and the API version: "
                    "v1 from 1.30, v1beta1 for 1.28 and 1.29). Default: 1.32, the newest the project's "
                    "end-to-end tests run.")
+@click.option("--mutating-api", "mutating_api", type=click.Choice(["v1alpha1", "v1beta1", "v1"]), default=None,
+              help="With --to-native: the MutatingAdmissionPolicy version the cluster serves (v1alpha1 from "
+                   "Kubernetes 1.32, behind its feature gate), to write a policy's mutations as one. Default: none "
+                   "(a policy that mutates stays on the webhook).")
 @click.option("--exempt-namespace", "exempt_namespaces", multiple=True, metavar="NS",
               help="With --to-native: a namespace the objects leave alone, as AP_EXEMPT_NAMESPACES and "
                    "AP_NAMESPACE (repeatable or comma-separated; '' for none). Default: kube-system and "
@@ -37,7 +41,7 @@ from ..output import fail
                    "(the Helm chart adds the operator's ServiceAccount).")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 def convert_command(output_path: str | None, to_native: bool, kubernetes_text: str | None,
-                    exempt_namespaces: Sequence[str], break_glass_groups: Sequence[str],
+                    mutating_api: str | None, exempt_namespaces: Sequence[str], break_glass_groups: Sequence[str],
                     break_glass_users: Sequence[str], paths: Sequence[str]) -> None:
     """Convert ValidatingAdmissionPolicies and their bindings into AdmissionPolicies, or
     (--to-native) AdmissionPolicies into ValidatingAdmissionPolicies and bindings.
@@ -58,19 +62,22 @@ def convert_command(output_path: str | None, to_native: bool, kubernetes_text: s
     With --to-native, each PATH holds AdmissionPolicies and NamespacedAdmissionPolicies (other
     kinds are read past), and each becomes the ValidatingAdmissionPolicy and binding pairs the
     operator would write for it on that Kubernetes (one per place it judges: its resources, the
-    Pod templates of workloads, those of CronJobs), without the finalizer and the generation
+    Pod templates of workloads, those of CronJobs), and with --mutating-api its mutations as
+    MutatingAdmissionPolicy and binding pairs, without the finalizer and the generation
     annotation only the operator keeps true. A policy that cannot be one writes nothing: one
     "not portable" line per obstacle on standard error, naming the file, the policy and the
     field (as `lint` does). A "*" in a rule's groups or resources is one too: the operator expands
     it from the cluster's discovery. Exits 0 when every policy converted, 2 otherwise.
     """
-    options = {"--kubernetes": kubernetes_text is not None, "--exempt-namespace": bool(exempt_namespaces),
+    options = {"--kubernetes": kubernetes_text is not None, "--mutating-api": mutating_api is not None,
+               "--exempt-namespace": bool(exempt_namespaces),
                "--break-glass-group": bool(break_glass_groups), "--break-glass-user": bool(break_glass_users)}
     misplaced = [name for name, given in options.items() if given and not to_native]
     if misplaced:
         raise click.UsageError(f"{', '.join(misplaced)}: only with --to-native")
     if to_native:
-        _to_native(output_path, kubernetes_text, exempt_namespaces, break_glass_groups, break_glass_users, paths)
+        _to_native(output_path, kubernetes_text, mutating_api, exempt_namespaces, break_glass_groups,
+                   break_glass_users, paths)
     from ..convert import convert_paths, dump
 
     try:
@@ -89,8 +96,9 @@ def convert_command(output_path: str | None, to_native: bool, kubernetes_text: s
     sys.exit(2 if result.problems or not result.policies else 0)
 
 
-def _to_native(output_path: str | None, kubernetes_text: str | None, exempt_namespaces: Sequence[str],
-               break_glass_groups: Sequence[str], break_glass_users: Sequence[str], paths: Sequence[str]) -> NoReturn:
+def _to_native(output_path: str | None, kubernetes_text: str | None, mutating_api: str | None,
+               exempt_namespaces: Sequence[str], break_glass_groups: Sequence[str], break_glass_users: Sequence[str],
+               paths: Sequence[str]) -> NoReturn:
     from .. import native
     from ..convert import dump
 
@@ -101,7 +109,7 @@ def _to_native(output_path: str | None, kubernetes_text: str | None, exempt_name
             _names("exempt_namespaces", "--exempt-namespace", exempt_namespaces, native.DEFAULTS.all_exempt_namespaces),
             _names("break_glass_users", "--break-glass-user", break_glass_users, native.DEFAULTS.break_glass_users),
             _names("break_glass_groups", "--break-glass-group", break_glass_groups,
-                   native.DEFAULTS.break_glass_groups))
+                   native.DEFAULTS.break_glass_groups), mutating_api)
         result = native.to_native(paths, goal)
         if result.objects:
             _write(dump(result.objects), output_path)
