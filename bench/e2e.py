@@ -2,6 +2,7 @@
 
     KUBEBUILDER_ASSETS=... python bench/e2e.py            # everything, about 10 minutes on 2 cores
     KUBEBUILDER_ASSETS=... python bench/e2e.py --quick    # shorter runs, 100 generated policies: ~2 minutes
+    KUBEBUILDER_ASSETS=... python bench/e2e.py --rounds 4 --no-scale-out --no-generated   # none/vap/pss/native
 
 What users feel is not the webhook's own throughput (bench/run.py) but what it adds to their
 ``kubectl apply``: latency, and CPU on the API server and the operator. So: an envtest control
@@ -12,6 +13,9 @@ checking every answer), and these scenarios, each at every concurrency level for
     none            no webhook configuration, no VAP: the baseline
     vap             the same Pod Security checks as Kubernetes' own ValidatingAdmissionPolicy
     pss             the operator (one process, one core) with examples/pod-security-baseline + -restricted
+                    (spec.native: Never: the webhook path)
+    native          the same two policies with spec.native: Auto: enforced by the ValidatingAdmissionPolicies
+                    the operator generates (docs/vap.md, "Native enforcement"), the operator running but not called
     scale-out       pss with one, then two operator processes behind one proxy (highest level only)
     pss+generated   pss plus N policies that match none of the requests (1,000; --quick: 100)
 
@@ -34,13 +38,14 @@ import time
 from typing import IO, Any
 
 import requests
+import yaml
 
 import apiobjects
 import e2e_report
 import policies
 import vap
 from common import CLIENT_CORE, SERVER_CORE, peak_rss_mb, rss_mb
-from e2e_cluster import POLICIES, WEBHOOK_CONFIG, Api, ControlPlane, ControlPlaneError, Replica, SetupError
+from e2e_cluster import POLICIES, PROBE, WEBHOOK_CONFIG, Api, ControlPlane, ControlPlaneError, Replica, SetupError
 from procs import ChildError, run_to_end, wait_idle
 from run import machine
 
@@ -54,10 +59,11 @@ class Plan:
     levels: tuple[int, ...]   # concurrency levels (closed loop), each measured once per scenario
     warmup: float             # seconds of load before each measured window
     duration: float           # seconds measured per level
-    rounds: int               # none, vap and pss measured this many times, in turn (drift hits all alike)
+    rounds: int               # none, vap, pss and native measured this many times, in turn (drift hits all alike)
     idle: float               # seconds of no load before each scenario: the processes' idle CPU rate
-    generated: int            # non-matching policies of the last scenario
+    generated: int            # non-matching policies of the last scenario (0: no such scenario)
     scale_out: bool
+    native: bool = True
 
 
 FULL = Plan(quick=False, levels=(1, 8, 32), warmup=2.0, duration=8.0, rounds=3, idle=3.0, generated=1000,
@@ -97,7 +103,10 @@ class Bench:
         idle = e2e_report.idle_rates(pids, self.plan.idle)
         results: e2e_report.Scenario = {}
         for level in levels or self.plan.levels:
+            before = self.vap_plugin()
             result = self.load(level, pids, expect_denials)
+            after = self.vap_plugin()
+            result["vap_plugin"] = {key: round(after[key] - before[key], 6) for key in after}
             result["idle_cpu_per_s"] = idle
             result["cpu_net"] = {n: None if v is None else round(v - idle.get(n, 0.0) * result["seconds"], 3)
                                  for n, v in result["cpu_seconds"].items()}
@@ -108,6 +117,12 @@ class Bench:
             baseline = (self.rounds.get(e2e_report.BASELINE) or {}).get(level)
             e2e_report.print_level(name, result, baseline[-1] if baseline else None)
         return results
+
+    def vap_plugin(self) -> dict[str, float]:
+        """The API server's ValidatingAdmissionPolicy plugin so far: seconds spent and calls (its own histogram,
+        every request it saw, warm-up and background ones included): the CEL side without the rest of the request."""
+        status, text = self.api.call("GET", "/metrics")
+        return e2e_report.vap_plugin_totals(text if status == 200 and isinstance(text, str) else "")
 
     # --- what the API server answers now --------------------------------------------------------
 
@@ -176,7 +191,7 @@ def scenario_pss(bench: Bench, index: int) -> Replica:
     """The first round creates the policies; later ones start the operator on them again."""
     print("\n== pss: the operator (one process, core 0), pod-security-baseline + -restricted", flush=True)
     operator = start_operator(bench, f"operator-{index}", SERVER_CORE)
-    bodies = policies.example_set("pss")
+    bodies = policies.with_native(policies.example_set("pss"), "Never")
     if index == 0:
         for body in bodies:
             bench.api.create(POLICIES, body)
@@ -188,12 +203,72 @@ def scenario_pss(bench: Bench, index: int) -> Replica:
     return operator
 
 
+def scenario_native(bench: Bench, operator: Replica) -> None:
+    """The pss policies switched to ``spec.native: Auto`` on the running operator, measured once both
+    are enforced by their generated objects; then switched back, the generated objects deleted."""
+    print("\n== native: the same two policies with spec.native: Auto, judged by the ValidatingAdmissionPolicies"
+          " the operator generates (the operator runs, idle)", flush=True)
+    names = [b["metadata"]["name"] for b in policies.example_set("pss")]
+    version = vap.api_version(bench.plane.version)
+    for name in names:
+        bench.api.patch(f"{POLICIES}/{name}", {"spec": {"native": "Auto"}})
+    seconds = bench.api.wait_enforced_by(names, "Native", timeout=180)
+    generated = bench.api.generated(version)
+    print(f"   enforcedBy Native after {seconds} s: {', '.join(sorted(g['metadata']['name'] for g in generated))}",
+          flush=True)
+    checks = bench.wait_enforced(True, "the generated objects to deny the non-compliant Pod")
+    judged = judged_by(bench)
+    print(f"   denied by: {judged}", flush=True)
+    if not (bench.workdir / "generated.yaml").exists():   # the first round's, for --keep
+        (bench.workdir / "generated.yaml").write_text(yaml.safe_dump_all(generated, sort_keys=False))
+    native_info = bench.info.setdefault("native", {"checks": checks, "denied_by": judged, "switch_s": []})
+    native_info["switch_s"].append(seconds)
+    waited = wait_idle(operator.child, timeout=120)
+    print(f"   operator idle after {waited} s; webhook rules left: {webhook_rules(bench)}", flush=True)
+    bench.measure(e2e_report.NATIVE, bench.pids(operator=operator.pid), expect_denials=True)
+    for name in names:
+        bench.api.patch(f"{POLICIES}/{name}", {"spec": {"native": "Never"}})
+    bench.api.wait_enforced_by(names, "Webhook", timeout=180)
+    bench.api.wait("the generated objects to be deleted", lambda: not bench.api.generated(version), timeout=120)
+    settle(bench, [operator], "the webhook to deny the non-compliant Pod again")
+
+
+def judged_by(bench: Bench) -> dict[str, str]:
+    """Who denied the non-compliant Pod and a Deployment of it: the generated objects must be the ones
+    judging (``ap.policy.*`` for the Pod, ``ap.podtemplate.*`` for the template), not the webhook."""
+    bad = apiobjects.deployment("probe-bad")
+    bad["spec"]["template"]["spec"] = apiobjects.pod("probe-bad", compliant=False)["spec"]
+    answers = {"pod": (bench.api.call("POST", PODS, apiobjects.pod("probe", compliant=False)), "ap.policy."),
+               "deployment": (bench.api.call("POST", DEPLOYMENTS, bad), "ap.podtemplate.")}
+    messages = {}
+    for what, ((status, answer), prefix) in answers.items():
+        message = answer.get("message", "") if isinstance(answer, dict) else str(answer)
+        if status not in (403, 422) or f"ValidatingAdmissionPolicy '{prefix}" not in message:
+            raise SetupError(f"the non-compliant {what} was not denied by a generated {prefix}* object:"
+                             f" HTTP {status}: {message}")
+        messages[what] = message[:160]
+    return messages
+
+
+def webhook_rules(bench: Bench) -> list[str]:
+    """The resources the operator's validating webhooks still route to it (its own, not the policies')."""
+    status, answer = bench.api.call(
+        "GET", f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{WEBHOOK_CONFIG}")
+    if status != 200:
+        return []
+    return sorted({resource for hook in answer.get("webhooks") or [] for rule in hook.get("rules") or []
+                   for resource in rule.get("resources") or []})
+
+
 def unroute(bench: Bench, operator: Replica) -> None:
     """Stop the operator and delete its webhook configurations (it leaves them on exit, as it
-    should in a cluster): the next round's baseline has no webhook at all."""
+    should in a cluster) and its native probe: the next round's baseline has no webhook nor VAP at all."""
     operator.stop()
     for kind in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):
         bench.api.delete(f"/apis/admissionregistration.k8s.io/v1/{kind}/{WEBHOOK_CONFIG}")
+    api = f"/apis/{vap.api_version(bench.plane.version)}"
+    for kind in ("validatingadmissionpolicybindings", "validatingadmissionpolicies"):
+        bench.api.delete(f"{api}/{kind}/{PROBE}")
     bench.wait_enforced(False, "the webhook configurations to be gone")
 
 
@@ -266,17 +341,23 @@ def run_all(plan: Plan, assets: pathlib.Path, workdir: pathlib.Path, info: dict[
             bench.measure("none", bench.pids(), expect_denials=False)
             scenario_vap(bench)
             operator = scenario_pss(bench, index)
+            if plan.native:
+                scenario_native(bench, operator)
             if index < plan.rounds - 1:
                 unroute(bench, operator)
         if plan.scale_out:
             scenario_scale_out(bench, operator)
         else:
             operator.stop()
-        scenario_generated(bench)
+        if plan.generated:
+            scenario_generated(bench)
     info["loadavg_end"] = os.getloadavg()[0]
     levels = list(plan.levels)
     scenarios = {name: {level: e2e_report.combine(results) for level, results in per_level.items()}
                  for name, per_level in bench.rounds.items() if not name.startswith("scale-")}
+    if e2e_report.NATIVE in scenarios:
+        bench.info["native_vs_vap"] = {level: e2e_report.versus(scenarios, bench.rounds, e2e_report.NATIVE,
+                                                                e2e_report.VAP, level) for level in levels}
     met = e2e_report.targets(scenarios, levels)
     e2e_report.print_summary(scenarios, levels, met, bench.info)
     mismatched = sum(r["mismatches"] for per_level in bench.rounds.values() for rs in per_level.values() for r in rs)
@@ -297,12 +378,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="about 2 minutes: shorter runs, 100 generated policies")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (children.log, plane logs)")
     parser.add_argument("--no-scale-out", action="store_true", help="skip the two-replica runs")
+    parser.add_argument("--no-generated", action="store_true", help="skip pss+generated")
+    parser.add_argument("--no-native", action="store_true", help="skip native (e.g. where the policies cannot port)")
+    parser.add_argument("--rounds", type=int, help="rounds of none, vap, pss and native (default: 3; --quick: 1)")
     args = parser.parse_args()
     assets = os.environ.get("KUBEBUILDER_ASSETS", "").strip()
     if not assets:
         sys.exit("error: set KUBEBUILDER_ASSETS to a directory holding etcd, kube-apiserver, "
                  "kube-controller-manager and kubectl (see tests/e2e/README.md)")
-    plan = dataclasses.replace(QUICK if args.quick else FULL, scale_out=not args.no_scale_out)
+    plan = QUICK if args.quick else FULL
+    plan = dataclasses.replace(plan, scale_out=not args.no_scale_out, native=not args.no_native,
+                               rounds=args.rounds or plan.rounds, generated=0 if args.no_generated else plan.generated)
     info = machine("operator")
     if len(info["cores"]) < 2:
         print("warning: fewer than 2 cores: operator, API server and client all share one")

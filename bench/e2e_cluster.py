@@ -34,6 +34,10 @@ CERT_SECRET: Final = "admission-policy-bench-tls"
 CRD_FILE: Final = REPO / "crds" / "admissionpolicy.yaml"
 POLICIES: Final = "/apis/policy-operator.dev/v1alpha1/admissionpolicies"
 CRDS: Final = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+GENERATED: Final = "app.kubernetes.io/managed-by=admission-policy-operator"   # native enforcement's objects
+PROBE: Final = "admission-policy-operator.probe"   # the operator's sentinel pair (docs/vap.md)
+# status.native reasons that will not turn into Native without a change: waiting is pointless.
+STAYS_ON_WEBHOOK: Final = frozenset({"Disabled", "APIUnavailable", "NotPortable", "Exception"})
 
 
 class SetupError(RuntimeError):
@@ -69,6 +73,11 @@ class Api:
         status, answer = self.call("POST", path, body)
         if status not in (200, 201, 409):
             raise SetupError(f"POST {path} {body['metadata']['name']}: HTTP {status}: {answer}")
+
+    def patch(self, path: str, body: dict[str, Any]) -> None:
+        status, answer = self.call("PATCH", path, body, "application/merge-patch+json")
+        if status != 200:
+            raise SetupError(f"PATCH {path}: HTTP {status}: {answer}")
 
     def delete(self, path: str) -> None:
         status, answer = self.call("DELETE", path)
@@ -136,12 +145,57 @@ class Api:
         return round(time.monotonic() - started, 1)
 
 
+    def wait_enforced_by(self, names: Iterable[str], enforced_by: str, timeout: float) -> float:
+        """Until every named AdmissionPolicy's ``status.native`` says ``enforced_by`` (Native or Webhook) for
+        its generation; returns the seconds taken. A policy that stays on the webhook for a reason that
+        will not change (e.g. the API server refused a generated object) fails at once, quoting it."""
+        wanted = set(names)
+        started = time.monotonic()
+        last: dict[str, dict[str, Any]] = {}
+        stuck: list[str] = []
+
+        def done() -> bool:
+            status, answer = self.call("GET", POLICIES)
+            if status != 200:
+                return False
+            reached = set()
+            for item in answer.get("items") or []:
+                name = item["metadata"]["name"]
+                if name not in wanted:
+                    continue
+                native = last[name] = (item.get("status") or {}).get("native") or {}
+                if native.get("generation") != item["metadata"].get("generation"):
+                    continue   # not yet decided for this spec
+                if native.get("enforcedBy") == enforced_by:
+                    reached.add(name)
+                elif enforced_by == "Native" and native.get("reason") in STAYS_ON_WEBHOOK:
+                    stuck.append(f"AdmissionPolicy {name} stays on the webhook: status.native.reason "
+                                 f"{native.get('reason')}: {native.get('message')}")
+            return bool(stuck) or wanted <= reached
+        try:
+            self.wait(f"{len(wanted)} AdmissionPolicies to be enforced by {enforced_by}", done, timeout, 1.0)
+        except SetupError as exc:
+            fields = ("enforcedBy", "reason", "message", "generation")
+            seen = {n: {k: v.get(k) for k in fields} for n, v in last.items()}
+            raise SetupError(f"{exc} (status.native: {seen})") from None
+        if stuck:
+            raise SetupError("; ".join(stuck))
+        return round(time.monotonic() - started, 1)
+
+    def generated(self, api_version: str) -> list[dict[str, Any]]:
+        """The ValidatingAdmissionPolicies native enforcement wrote (the probe's sentinel left out)."""
+        status, answer = self.call("GET", f"/apis/{api_version}/validatingadmissionpolicies?labelSelector={GENERATED}")
+        if status != 200:
+            raise SetupError(f"listing the generated ValidatingAdmissionPolicies: HTTP {status}: {answer}")
+        return [item for item in answer.get("items") or [] if item["metadata"]["name"] != PROBE]
+
+
 class Replica:
     """One operator process, pinned to ``core``; every replica shares the certificate Secret, so
     any of them can answer behind one address (``advertise_port``: the proxy's)."""
 
     def __init__(self, name: str, core: int, kubeconfig: pathlib.Path, workdir: pathlib.Path, log: IO[str], *,
-                 advertise_port: int | None = None) -> None:
+                 advertise_port: int | None = None, native_default: str = "Never") -> None:
         self.name = name
         self.listen_port, self.health_port = free_port(), free_port()
         cert_dir = workdir / f"certs-{name}"
@@ -152,6 +206,8 @@ class Replica:
             "AP_ADVERTISE_PORT": str(advertise_port or self.listen_port), "AP_HEALTH_PORT": str(self.health_port),
             "AP_METRICS_PORT": str(free_port()), "AP_CERT_DIR": str(cert_dir), "AP_POD_NAME": name,
             "AP_LOG_LEVEL": "INFO",
+            # Never: the webhook path, unless a policy says spec.native: Auto (the "native" scenario).
+            "AP_NATIVE_DEFAULT": native_default,
         }
         self.child = Child(name, "servers.py", ["operator", "--core", str(core)], env=env, log=log)
 

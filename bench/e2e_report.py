@@ -16,6 +16,8 @@ Level = dict[str, Any]                 # one apiload.py result
 Scenario = dict[int, Level]            # concurrency → result
 
 BASELINE = "none"
+NATIVE, VAP = "native", "vap"
+NATIVE_LIMIT = 1.1   # the issue: native enforcement within 10% of hand-written VAPs
 
 
 def idle_rates(pids: dict[str, int], seconds: float) -> dict[str, float]:
@@ -27,6 +29,26 @@ def idle_rates(pids: dict[str, int], seconds: float) -> dict[str, float]:
     elapsed = time.monotonic() - started
     return {name: round((after[name] or 0.0) - (before[name] or 0.0), 3) / elapsed for name in pids
             if before[name] is not None and after[name] is not None}
+
+
+VAP_PLUGIN = 'apiserver_admission_controller_admission_duration_seconds_{}{{name="ValidatingAdmissionPolicy",'
+
+
+def vap_plugin_totals(metrics: str) -> dict[str, float]:
+    """Seconds and calls of the API server's ValidatingAdmissionPolicy admission plugin (validate step,
+    every operation, admitted or rejected) from its /metrics text."""
+    totals = {"seconds": 0.0, "calls": 0.0}
+    for line in metrics.splitlines():
+        for key, suffix in (("seconds", "sum"), ("calls", "count")):
+            if line.startswith(VAP_PLUGIN.format(suffix)) and 'type="validate"' in line:
+                totals[key] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def plugin_us(result: Level) -> float | None:
+    """Mean microseconds per call of the ValidatingAdmissionPolicy plugin over ``result``'s run."""
+    plugin = result.get("vap_plugin") or {}
+    return float(plugin["seconds"] / plugin["calls"] * 1e6) if plugin.get("calls") else None
 
 
 def combine(results: list[Level]) -> Level:
@@ -47,8 +69,10 @@ def combine(results: list[Level]) -> Level:
         **{key: round(statistics.median(r[key] for r in results), 3) for key in ("p50_ms", "p95_ms", "p99_ms")},
         "max_ms": max(r["max_ms"] for r in results),
         "cpu_seconds": total("cpu_seconds"), "cpu_net": total("cpu_net"),
+        "vap_plugin": {key: round(sum((r.get("vap_plugin") or {}).get(key, 0.0) for r in results), 6)
+                       for key in ("seconds", "calls")},
         "by_kind": {kind: sum(r["by_kind"].get(kind, 0) for r in results) for kind in results[0]["by_kind"]},
-        "client_cpu": statistics.median(r["client_cpu"] or 0.0 for r in results),
+        "client_cpu": round(statistics.median(r["client_cpu"] or 0.0 for r in results), 3),
         "operator_rss_mb": max((r["operator_rss_mb"] for r in results if r.get("operator_rss_mb")), default=None),
         "denied": sum(r["denied"] for r in results), "mismatches": sum(r["mismatches"] for r in results),
         "mismatch_samples": [s for r in results for s in r["mismatch_samples"]][:3],
@@ -80,6 +104,43 @@ def added_cpu_ms(scenarios: dict[str, Scenario], name: str, level: int) -> float
     return api + operator - api_base
 
 
+def added(result: Level, base: Level) -> tuple[float, float | None]:
+    """What ``result`` adds over ``base`` (the baseline at the same level): average latency (ms) and
+    CPU per request (API server + operator, less the baseline's API server; ms)."""
+    api, api_base = cpu_ms(result, "kube-apiserver"), cpu_ms(base, "kube-apiserver")
+    cpu = None if api is None or api_base is None else api + (cpu_ms(result, "operator") or 0.0) - api_base
+    return float(result["avg_ms"] - base["avg_ms"]), cpu
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def _ratio(mine: float | None, theirs: float | None) -> float | None:
+    return None if mine is None or theirs is None or theirs <= 0 else round(mine / theirs, 3)
+
+
+def versus(scenarios: dict[str, Scenario], rounds: dict[str, dict[int, list[Level]]], name: str, other: str,
+           level: int) -> dict[str, Any]:
+    """``name``'s additions over ``other``'s at ``level``: from all rounds together, and round by round
+    (each against the baseline of its own round), so the run-to-run noise shows beside the ratio."""
+    base = scenarios[BASELINE][level]
+    (lat, cpu), (lat_o, cpu_o) = added(scenarios[name][level], base), added(scenarios[other][level], base)
+    per_round: dict[str, list[float | None]] = {"latency": [], "cpu": [], "plugin": []}
+    for mine, theirs, baseline in zip(rounds[name][level], rounds[other][level], rounds[BASELINE][level],
+                                      strict=False):
+        (a, b), (c, d) = added(mine, baseline), added(theirs, baseline)
+        per_round["latency"].append(_ratio(a, c))
+        per_round["cpu"].append(_ratio(b, d))
+        per_round["plugin"].append(_ratio(plugin_us(mine), plugin_us(theirs)))
+    return {"added_latency_ms": [round(lat, 3), round(lat_o, 3)],
+            "vap_plugin_us": [_round(plugin_us(scenarios[name][level])), _round(plugin_us(scenarios[other][level]))],
+            "added_cpu_ms": [None if cpu is None else round(cpu, 3), None if cpu_o is None else round(cpu_o, 3)],
+            "latency_ratio": _ratio(lat, lat_o), "cpu_ratio": _ratio(cpu, cpu_o),
+            "latency_ratio_by_round": per_round["latency"], "cpu_ratio_by_round": per_round["cpu"],
+            "vap_plugin_ratio_by_round": per_round["plugin"]}
+
+
 def latency_ratio(scenarios: dict[str, Scenario], name: str, level: int) -> float | None:
     base = scenarios[BASELINE][level]["avg_ms"]
     return scenarios[name][level]["avg_ms"] / base if base else None
@@ -99,11 +160,24 @@ def targets(scenarios: dict[str, Scenario], levels: list[int]) -> dict[str, dict
     def verdict(value: float | None, limit: float) -> dict[str, Any]:
         return {"value": None if value is None else round(value, 3), "limit": limit,
                 "met": value is not None and value <= limit}
-    return {
+    met = {
         f"webhook_added_cpu_le_0.4x_vap_at_c{top}": verdict(cpu_vs_vap, 0.4),
         f"operator_cpu_le_0.5x_apiserver_at_c{top}": verdict(operator_vs_api, 0.5),
         f"added_avg_latency_le_46pct_at_c{first}": verdict(added, 0.46),
     }
+    if NATIVE in scenarios and VAP in scenarios:
+        at_first, at_top = native_ratios(scenarios, first), native_ratios(scenarios, top)
+        met[f"native_added_latency_le_{NATIVE_LIMIT}x_vap_at_c{first}"] = verdict(at_first[0], NATIVE_LIMIT)
+        met[f"native_added_cpu_le_{NATIVE_LIMIT}x_vap_at_c{first}"] = verdict(at_first[1], NATIVE_LIMIT)
+        met[f"native_added_cpu_le_{NATIVE_LIMIT}x_vap_at_c{top}"] = verdict(at_top[1], NATIVE_LIMIT)
+    return met
+
+
+def native_ratios(scenarios: dict[str, Scenario], level: int) -> tuple[float | None, float | None]:
+    """(added latency, added CPU per request) of ``native`` over ``vap``'s, all rounds together."""
+    base = scenarios[BASELINE][level]
+    (lat, cpu), (lat_v, cpu_v) = added(scenarios[NATIVE][level], base), added(scenarios[VAP][level], base)
+    return _ratio(lat, lat_v), _ratio(cpu, cpu_v)
 
 
 # --- printing ----------------------------------------------------------------------------------
@@ -124,6 +198,7 @@ def print_level(name: str, result: Level, baseline: Level | None, label: str = "
           f"  | CPU ms/req: apiserver {_ms(cpu_ms(result, 'kube-apiserver'))}"
           + ("" if operator is None else f" operator {_ms(operator)}")
           + f" etcd {_ms(cpu_ms(result, 'etcd'))}  client {result['client_cpu']} core"
+          + f"  VAP plugin {_us(plugin_us(result))} us/call"
           + (f"  operator RSS {result['operator_rss_mb']} MB" if result.get("operator_rss_mb") else "")
           + f"  denied {result['denied']}{flag}", flush=True)
 
@@ -154,10 +229,29 @@ def print_summary(scenarios: dict[str, Scenario], levels: list[int], met: dict[s
         print(f"\n== scale-out at c={scale['concurrency']}: two replicas {scale['two']['rps']:.1f} req/s, one"
               f" {scale['one']['rps']:.1f} req/s: x{scale['ratio']:.2f}; connections the proxy gave each of the two:"
               f" {scale['connections_with_two']} (2 cores for everything: see bench/README.md)")
+    comparison = info.get("native_vs_vap")
+    if comparison:
+        print("\n== native (generated VAPs) against vap (hand-written): what each adds over none, and the ratio;"
+              " per round in brackets")
+        for level, c in comparison.items():
+            print(f"   c={level:<3} added latency {c['added_latency_ms'][0]:.2f} vs {c['added_latency_ms'][1]:.2f} ms:"
+                  f" x{_ms(c['latency_ratio'])} {_rounds(c['latency_ratio_by_round'])}"
+                  f"  added CPU {_ms(c['added_cpu_ms'][0])} vs {_ms(c['added_cpu_ms'][1])} ms/req:"
+                  f" x{_ms(c['cpu_ratio'])} {_rounds(c['cpu_ratio_by_round'])}"
+                  f"  VAP plugin {c['vap_plugin_us'][0]} vs {c['vap_plugin_us'][1]} us/call"
+                  f" {_rounds(c['vap_plugin_ratio_by_round'])}")
     print("\n== targets (end to end)")
     for name, target in met.items():
         value = "n/a" if target["value"] is None else f"{target['value']:.3f}"
         print(f"   {'MET   ' if target['met'] else 'MISSED'} {name}: {value} (limit {target['limit']})")
+
+
+def _us(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f}"
+
+
+def _rounds(values: list[float | None]) -> str:
+    return "[" + " ".join("n/a" if v is None else f"{v:.2f}" for v in values) + "]"
 
 
 def _rps_ratio(scenarios: dict[str, Scenario], name: str, level: int) -> float | None:

@@ -51,6 +51,11 @@ def example_set(name: str) -> list[dict[str, Any]]:
     return [example(directory) for directory in SETS[name]]
 
 
+def with_native(bodies: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
+    """Copies of ``bodies`` with ``spec.native`` set (``Auto``: Kubernetes enforces them if it can; ``Never``)."""
+    return [{**body, "spec": {**body["spec"], "native": mode}} for body in bodies]
+
+
 def crd_group(index: int) -> str:
     return f"team{index}.bench.example.com"
 
