@@ -48,8 +48,9 @@ POLICY_NAMESPACE_LABEL: Final = f"{api.GROUP}/policy-namespace"
 GENERATION_ANNOTATION: Final = f"{api.GROUP}/policy-generation"
 # The policy's whole name ("namespace/name" for a tenant's): a label value is cut to a digest past 63 characters.
 POLICY_ANNOTATION: Final = f"{api.GROUP}/policy"
-# Kept on every generated object: one deleted by hand stays in effect, terminating, until the
-# operator has handed its policy back to the webhooks (make-before-break even then).
+# Kept on every generated ValidatingAdmissionPolicy and binding: one deleted by hand stays in
+# effect, terminating, until the operator has handed its policy back to the webhooks
+# (make-before-break even then). Not on MutatingAdmissionPolicies: see ``_place``.
 FINALIZER: Final = f"{api.GROUP}/native"
 ACTIONS: Final[Mapping[str, str]] = {"Enforce": "Deny", "Warn": "Warn", "Audit": "Audit"}
 # ValidatingAdmissionPolicy: v1 from Kubernetes 1.30, v1beta1 from 1.28 (behind its gate until 1.30).
