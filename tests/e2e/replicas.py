@@ -37,6 +37,7 @@ EXCEPTION_WEBHOOKS = (f"exceptions.validate.{DOMAIN}",   # the fixed entries tha
                       f"exceptions.mutate.{DOMAIN}")
 FAIL_WEBHOOK = f"fail.validate.{DOMAIN}"         # routes the resources of failurePolicy Fail policies
 IGNORE_WEBHOOK = f"ignore.validate.{DOMAIN}"     # ... and of failurePolicy Ignore ones
+PROBE_WEBHOOK = f"probe.validate.{DOMAIN}"       # one dry-run Event name: native enforcement's proof of a write
 PEERING_CRD_FILE = ROOT / "charts" / "admission-policy-operator" / "crds" / "kopfpeering.yaml"
 PEERING_CRD = "clusterkopfpeerings.kopf.dev"
 # The cause, in the API server's "failed calling webhook" message, of a call whose connection broke.

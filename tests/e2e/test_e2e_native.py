@@ -15,7 +15,18 @@ from typing import Any
 
 import pykube
 import pytest
-from e2e_kube import AdmissionPolicy, Answer, Cluster, Policies, Target, eventually, policy_body, unique, vap_version
+from e2e_kube import (
+    AdmissionPolicy,
+    Answer,
+    Cluster,
+    Policies,
+    Target,
+    ValidatingWebhookConfiguration,
+    eventually,
+    policy_body,
+    unique,
+    vap_version,
+)
 from envtest import ControlPlane
 from traffic import Sent, Traffic
 
@@ -81,6 +92,12 @@ def _right(answer: Answer, bad: bool) -> bool:
 
 def _judged_right(cluster: Cluster, namespace: str, bad: bool) -> bool:
     return _right(_answer(cluster, namespace, bad), bad)
+
+
+def _routed(cluster: Cluster, resource: str) -> bool:
+    answer = cluster.get(ValidatingWebhookConfiguration, cluster.settings.webhook_config_name)
+    return not answer.ok or any(resource in (rule.get("resources") or []) for webhook in answer.obj["webhooks"]
+                                for rule in webhook.get("rules") or [])
 
 
 def _stream_body(namespace: str, name: str) -> dict[str, Any]:
@@ -183,6 +200,10 @@ def test_natively_enforced_policies_keep_refusing_with_every_replica_down(
     name = unique("native-down", 50)
     target_policies.apply(_policy(name, namespace))
     _wait_enforced_by(cluster, name, "Native", "Generated")
+    # The status says Native first; the webhook configurations stop routing the policy right after.
+    # Stopped before that, its route would fail closed (failurePolicy Fail), as any routed policy's.
+    eventually(lambda: _routed(cluster, "configmaps"), lambda routed: not routed,
+               "the webhook configurations to stop routing the policy", 60)
     operator.stop()
     try:
         for bad in (True, False, True):

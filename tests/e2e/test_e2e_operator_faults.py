@@ -65,6 +65,7 @@ from replicas import (
     FAIL_WEBHOOK,
     IGNORE_WEBHOOK,
     POLICY_WEBHOOK,
+    PROBE_WEBHOOK,
     TENANT_POLICY_WEBHOOK,
     TcpProxy,
     log_of,
@@ -358,7 +359,7 @@ def test_a_killed_operator_leaves_the_cluster_usable_and_a_restart_picks_everyth
     names = [hook["name"] for hook in validating_hooks]
     validate_exceptions, mutate_exceptions = EXCEPTION_WEBHOOKS
     assert sorted(names) == sorted([POLICY_WEBHOOK, TENANT_POLICY_WEBHOOK, validate_exceptions, FAIL_WEBHOOK,
-                                    IGNORE_WEBHOOK]), names
+                                    IGNORE_WEBHOOK, PROBE_WEBHOOK]), names
     # No policy mutates: the mutating configuration holds only the fixed exception entry.
     assert [hook["name"] for hook in mutating_hooks] == [mutate_exceptions], routed(mutating_hooks)
     assert routed(mutating_hooks) == {mutate_exceptions: {"admissionpolicyexceptions"}}
@@ -367,7 +368,8 @@ def test_a_killed_operator_leaves_the_cluster_usable_and_a_restart_picks_everyth
                                         TENANT_POLICY_WEBHOOK: {"namespacedadmissionpolicies"},
                                         validate_exceptions: {"admissionpolicyexceptions"},
                                         FAIL_WEBHOOK: {"configmaps"},
-                                        IGNORE_WEBHOOK: {"secrets"}}, routed(validating_hooks)
+                                        IGNORE_WEBHOOK: {"secrets"},
+                                        PROBE_WEBHOOK: {"events"}}, routed(validating_hooks)
     assert by_name[FAIL_WEBHOOK]["failurePolicy"] == "Fail"
     assert by_name[IGNORE_WEBHOOK]["failurePolicy"] == "Ignore"
     for hook in [*validating_hooks, *mutating_hooks]:

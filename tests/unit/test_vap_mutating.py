@@ -257,7 +257,10 @@ def test_a_pod_policy_mutates_templates_with_paths_and_expressions_rewritten() -
     assert "object.spec.jobTemplate.spec.template.spec.?tolerations" in source
     assert 'path: "/spec/jobTemplate/spec/template/spec/tolerations/-"' in source
     labels = "object.spec.jobTemplate.spec.template.metadata.labels"
-    assert job["variables"] == [{"name": "requested", "expression": f"{labels}['acme.com/lifespan-requested']"}]
+    # Its variable inlined where it is read: Kubernetes 1.32 validates a MutatingAdmissionPolicy's
+    # mutations without its variables (expressions.inline_variables).
+    assert "variables" not in job and "variables." not in source
+    assert f"({labels}['acme.com/lifespan-requested']).matches(" in source
     assert "matchConditions" not in job   # CREATE only: no template to compare with
     assert job["reinvocationPolicy"] == "Never"
     binding = objects[mutating.MUTATING_BINDING, "ap.jobtemplate.lifespan-toleration"]
@@ -298,7 +301,7 @@ def test_the_policy_object_matches_as_the_validating_one_does_and_never_deletes(
         {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "skip"]}]}
     assert spec["matchConstraints"]["objectSelector"] == {"matchLabels": {"x": "y"}}
     assert [c["name"] for c in spec["matchConditions"]] == ["not-break-glass", NOT_OWN_CRD["name"], "c"]
-    assert spec["variables"] == [{"name": "v", "expression": "1"}]
+    assert "variables" not in spec   # inlined
     assert policy["metadata"]["name"] == binding["metadata"]["name"] == binding["spec"]["policyName"] == "ap.policy.p"
     assert policy["metadata"]["labels"] == native.owner_labels(api.parse_policy(body))
     assert "validationActions" not in binding["spec"]
@@ -408,3 +411,16 @@ def test_a_mutator_plugin_stays_on_the_webhook() -> None:
     compiled = compile_policy(api.parse_policy(body), registry=registry)
     assert [(f.path, f.message) for f in mutating.mutation_blockers(compiled, (1, 32))] == [
         ("spec.mutations[0].plugin", "the Python plugin 'stamp' runs only in this operator")]
+
+
+def test_variables_are_inlined_in_order_and_read_otherwise_stay_on_the_webhook() -> None:
+    body = policy_body(rules=CONFIGMAPS, variables=[{"name": "a", "expression": "object.data.x"},
+                                                    {"name": "b", "expression": "variables.a + 'y'"}],
+                       mutations=[{"condition": "has(object.data.x)",
+                                   "jsonPatch": [{"op": "add", "path": "/data/z", "valueExpression": "variables.b"}]}])
+    (policy,) = [o for o in plan(body).objects if o["kind"] == mutating.MUTATING_POLICY]
+    assert "variables" not in policy["spec"]
+    assert "((object.data.x) + 'y')" in policy["spec"]["mutations"][0]["jsonPatch"]["expression"]
+    body["spec"]["mutations"][0]["jsonPatch"][0]["valueExpression"] = "variables['b']"
+    assert [(f.path, f.message.split(",")[0]) for f in plan(body).blockers] == [
+        ("spec.mutations[0].jsonPatch[0].valueExpression", "reads its variables otherwise than as variables.<name>")]

@@ -127,3 +127,31 @@ def template_changed(location: Location) -> dict[str, str]:
     return {"name": "pod-template-changed",
             "expression": f"request.operation != 'UPDATE' || oldObject == null || "
                           f"{template('object')} != {template('oldObject')}"}
+
+
+def inline_variables(text: str, variables: Mapping[str, str], path: str) -> str:
+    """``text`` with each ``variables.<name>`` replaced by that variable's expression, in
+    parentheses (``variables``: each name's text, its own variables inlined already). For what
+    must not carry variables: Kubernetes 1.32 validates a MutatingAdmissionPolicy's mutations
+    without them, now and then on its creation and always on its updates ("undefined field")."""
+    if "variables" not in text:
+        return text
+    checked = celast.Checked.decode(check(kubernetes_cel().environment(), compat.respell(text)).serialize())
+    respelt = compat.respell(text)
+    parents = {child.id: node for node in celast.walk(checked.root) for child in node.children()}
+    nodes = {node.id: node for node in celast.walk(checked.root)}
+    edits = []
+    for node_id, name in checked.names.items():
+        node, parent = nodes.get(node_id), parents.get(node_id)
+        if name != "variables" or node is None or node.kind != "ident":
+            continue
+        read = f"variables.{parent.name}" if parent is not None and parent.kind == "select" else None
+        at = checked.positions.get(node_id, -1)
+        if read is None or parent is None or parent.name not in variables or respelt[at:at + len(read)] != read:
+            raise NotNative(Finding(path, "reads its variables otherwise than as variables.<name>, which a "
+                                          "MutatingAdmissionPolicy cannot carry"))
+        edits.append((at, len(read), f"({variables[parent.name]})"))
+    for at, length, replacement in sorted(edits, reverse=True):   # from the end: earlier offsets stay valid
+        respelt = respelt[:at] + replacement + respelt[at + length:]
+    return respelt
+

@@ -30,7 +30,7 @@ from ..cluster.routing import ServedIndex, admission_rules, atoms, explicit, rou
 from ..engine import CompiledPolicy
 from ..engine.patching import merge
 from ..engine.podcontrollers import Location
-from .expressions import newer_libraries, source
+from .expressions import inline_variables, newer_libraries, source
 from .portability import Finding, kubernetes_cel
 
 MUTATING_POLICY: Final = "MutatingAdmissionPolicy"
@@ -187,20 +187,31 @@ def rules(part: CompiledPolicy, served: ServedIndex) -> list[dict[str, Any]]:
 
 def spec(part: CompiledPolicy, matching: Mapping[str, Any]) -> dict[str, Any]:
     """A MutatingAdmissionPolicy's spec: what every generated policy of this place matches
-    (``matching``, built by ``native``), then the mutations, in order."""
+    (``matching``, built by ``native``), then the mutations, in order, their variables inlined
+    (``expressions.inline_variables`` says why)."""
     policy = part.policy
-    return {**matching,
-            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": mutation_expression(m, part.template)}}
-                          for m in policy.mutations],
+    variables: dict[str, str] = {}
+    for variable in policy.variables:   # each may read those before it
+        text = source(variable.expression.source, part.template, variable.expression.path)
+        variables[variable.name] = inline_variables(text, variables, variable.expression.path)
+    return {**{key: value for key, value in matching.items() if key != "variables"},
+            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {
+                "expression": mutation_expression(m, part.template, variables)}} for m in policy.mutations],
             "reinvocationPolicy": policy.reinvocation_policy}
 
 
 # ---- one mutation as a JSONPatch expression -----------------------------------------------------
 
 
-def mutation_expression(mutation: api.Mutation, template: Location = ()) -> str:
+def mutation_expression(mutation: api.Mutation, template: Location = (), variables: Mapping[str, str] | None = None
+                        ) -> str:
     """``condition ? [JSONPatch{...}, ...] : []``: the mutation's operations (a merge patch's, key by
-    key), their values computed from the object before it, as the engine computes them."""
+    key), their values computed from the object before it, as the engine computes them;
+    ``variables``: the policy's, to inline."""
+    def source_of(expression: api.Expression) -> str:
+        return inline_variables(source(expression.source, template, expression.path), variables or {},
+                                expression.path)
+
     if mutation.merge is not None:
         parts = _merge_patch(mutation.merge, "object", [], if_absent=mutation.merge_mode == "IfAbsent")
     else:
@@ -209,15 +220,14 @@ def mutation_expression(mutation: api.Mutation, template: Location = ()) -> str:
         for op in mutation.json_patch or ():
             value = None
             if op.has_value:
-                value = _wrapped(source(op.value_expression.source, template, op.value_expression.path)) \
+                value = _wrapped(source_of(op.value_expression)) \
                     if op.value_expression is not None else cel_literal(op.value)
             parts.append(_operation(op, value, earlier))
             earlier.append(op)
     patches = _concatenated(parts)
     if mutation.condition is None:
         return patches
-    condition = source(mutation.condition.source, template, mutation.condition.path)
-    return f"{_wrapped(condition)} ? {patches} : []"
+    return f"{_wrapped(source_of(mutation.condition))} ? {patches} : []"
 
 
 def _operation(op: api.PatchOperation, value: str | None, earlier: Sequence[api.PatchOperation]) -> str:

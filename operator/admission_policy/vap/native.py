@@ -148,8 +148,8 @@ def plan(compiled: CompiledPolicy, body: Mapping[str, Any], target: Target,
         try:
             objects += _place(part, target, handed_back)
         except NotNative as error:
-            return Plan(blockers=(dataclasses.replace(error.finding, message=f"{error.finding.message} "
-                                                      "(spec.podControllers: [] judges Pods alone)"),))
+            hint = " (spec.podControllers: [] judges Pods alone)" if part.template else ""
+            return Plan(blockers=(dataclasses.replace(error.finding, message=error.finding.message + hint),))
     if not objects:
         return Plan(blockers=(Finding("spec.match.resources", "names nothing this cluster serves"),))
     return Plan(tuple(objects))
