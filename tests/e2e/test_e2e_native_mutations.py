@@ -97,6 +97,9 @@ class Generated:
         for body in objects:
             body = copy.deepcopy(body)
             body["metadata"]["finalizers"] = []   # no operator here to release them
+            # Not the operator's (the plane's operator would sweep objects no policy of its owns).
+            body["metadata"]["labels"] = {key: value for key, value in body["metadata"]["labels"].items()
+                                          if key != "app.kubernetes.io/managed-by"}
             body["metadata"]["labels"][OWNED_LABEL] = "true"
             body["metadata"]["name"] = f"{body['metadata']['name']}.{self.token}"
             if body["kind"] == mutating.MUTATING_POLICY:
