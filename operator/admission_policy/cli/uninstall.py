@@ -18,11 +18,17 @@ from typing import Any, Final, Protocol
 
 from ..cluster.client import message_of, served_version
 from ..vap import native as generate
-from ..vap.mutating import MUTATING_BINDING, MUTATING_POLICY, MUTATING_VERSIONS
-from ..vap.objects import BINDING, GROUP, POLICY
+from ..vap.objects import (
+    BINDING,
+    GROUP,
+    MUTATING_BINDING,
+    MUTATING_POLICY,
+    MUTATING_VERSIONS,
+    PLURALS,
+    POLICY,
+    api_path,
+)
 
-PLURALS: Final = {POLICY: "validatingadmissionpolicies", BINDING: "validatingadmissionpolicybindings",
-                  MUTATING_POLICY: "mutatingadmissionpolicies", MUTATING_BINDING: "mutatingadmissionpolicybindings"}
 SELECTOR: Final = ",".join(f"{key}={value}" for key, value in generate.MANAGED_BY.items())
 ATTEMPTS: Final = 5   # an object changed under us (a replica still shutting down rewrote it): read it again
 
@@ -66,15 +72,11 @@ async def remove_generated(call: Call) -> Removal:
     return removal
 
 
-def _path(version: str, kind: str, name: str = "") -> str:
-    return f"/apis/{GROUP}/{version}/{PLURALS[kind]}" + (f"/{name}" if name else "")
-
-
 async def _list(call: Call, version: str, kind: str, name: str | None = None) -> list[dict[str, Any]]:
     query = [("labelSelector", SELECTOR)]
     if name is not None:   # one object read again: a list (the hook is granted no get)
         query.append(("fieldSelector", f"metadata.name={name}"))
-    code, answer = await call("GET", _path(version, kind), query=query)
+    code, answer = await call("GET", api_path(version, kind), query=query)
     if not 200 <= code <= 299:
         raise RuntimeError(f"listing failed ({code}): {message_of(answer)}")
     return list(answer.get("items") or [])
@@ -82,7 +84,7 @@ async def _list(call: Call, version: str, kind: str, name: str | None = None) ->
 
 async def _remove(call: Call, version: str, kind: str, obj: Mapping[str, Any], removal: Removal) -> None:
     name = obj["metadata"]["name"]
-    what, path = f"{kind} {name}", _path(version, kind, name)
+    what, path = f"{kind} {name}", api_path(version, kind, name)
     released = False
     for _ in range(ATTEMPTS):
         metadata = obj["metadata"]

@@ -46,8 +46,16 @@ from ..cluster.routing import NAMESPACE_NAME_LABEL, ServedIndex, break_glass_con
 from ..engine import CompiledPolicy
 from ..policyexception import within_limits
 from ..vap import native as generate
-from ..vap.mutating import MUTATING_BINDING, MUTATING_POLICY, MUTATING_VERSIONS
-from ..vap.objects import BINDING, GROUP, POLICY
+from ..vap.objects import (
+    BINDING,
+    GROUP,
+    MUTATING_BINDING,
+    MUTATING_POLICY,
+    MUTATING_VERSIONS,
+    PLURALS,
+    POLICY,
+    api_path,
+)
 from . import conditions, metrics
 from .policyio import write_status
 from .state import Operator, now
@@ -65,8 +73,6 @@ CONFLICT_PAUSE: Final = 0.2
 MAX_CONFLICTS: Final = 5                 # status writes retried onto a status that changed meanwhile
 POLL: Final = 2.0                        # how often the generated objects are listed for changes
 SWITCH_TIMEOUT: Final = 30.0             # for the replicas to route a policy handed back
-_PLURALS: Final = {POLICY: "validatingadmissionpolicies", BINDING: "validatingadmissionpolicybindings",
-                   MUTATING_POLICY: "mutatingadmissionpolicies", MUTATING_BINDING: "mutatingadmissionpolicybindings"}
 _BINDINGS: Final = {POLICY: BINDING, MUTATING_POLICY: MUTATING_BINDING}
 _UNDECLARED_VARIABLES: Final = "undeclared reference to 'variables'"
 PROBE_ANNOTATION: Final = f"{api.GROUP}/probe"
@@ -462,19 +468,15 @@ def _holds(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
 # ---- the API ----------------------------------------------------------------------------------
 
 
-def _path(version: str, kind: str, name: str = "") -> str:
-    return f"/apis/{GROUP}/{version}/{_PLURALS[kind]}" + (f"/{name}" if name else "")
-
-
 async def served_kinds(op: Operator) -> Served:
     """The generated kinds the API server serves, each at its newest version: none without
     ValidatingAdmissionPolicy; MutatingAdmissionPolicy's where served (behind a gate, or none)."""
     call = functools.partial(call_json, op.api_client)
-    validating = await served_version(call, GROUP, generate.VALIDATING_VERSIONS, _PLURALS[POLICY])
+    validating = await served_version(call, GROUP, generate.VALIDATING_VERSIONS, PLURALS[POLICY])
     if validating is None:
         return {}
     served = dict.fromkeys((POLICY, BINDING), validating)
-    changing = await served_version(call, GROUP, MUTATING_VERSIONS, _PLURALS[MUTATING_POLICY])
+    changing = await served_version(call, GROUP, MUTATING_VERSIONS, PLURALS[MUTATING_POLICY])
     if changing is not None:
         served.update(dict.fromkeys((MUTATING_POLICY, MUTATING_BINDING), changing))
     return served
@@ -494,7 +496,8 @@ async def list_generated(op: Operator, served: Served) -> dict[tuple[str, str], 
     found: dict[tuple[str, str], dict[str, Any]] = {}
     selector = ",".join(f"{k}={v}" for k, v in generate.MANAGED_BY.items())
     for kind, version in served.items():
-        code, answer = await call_json(op.api_client, "GET", _path(version, kind), query=[("labelSelector", selector)])
+        code, answer = await call_json(op.api_client, "GET", api_path(version, kind),
+                                       query=[("labelSelector", selector)])
         if not 200 <= code <= 299:
             raise RuntimeError(f"listing {kind}s failed ({code}): {message_of(answer)}")
         for item in answer.get("items", []):
@@ -507,11 +510,11 @@ async def list_generated(op: Operator, served: Served) -> dict[tuple[str, str], 
 async def _write(op: Operator, version: str, desired: Mapping[str, Any], existing: Mapping[str, Any] | None) -> None:
     kind, name = desired["kind"], desired["metadata"]["name"]
     if existing is None:
-        code, answer = await call_json(op.api_client, "POST", _path(version, kind), body=dict(desired))
+        code, answer = await call_json(op.api_client, "POST", api_path(version, kind), body=dict(desired))
     else:
         body = {**desired, "metadata": {**desired["metadata"],
                                         "resourceVersion": existing["metadata"].get("resourceVersion")}}
-        code, answer = await call_json(op.api_client, "PUT", _path(version, kind, name), body=body)
+        code, answer = await call_json(op.api_client, "PUT", api_path(version, kind, name), body=body)
     if code == 422:
         raise _Refused(f"{kind} {name}: {message_of(answer)}")
     if not 200 <= code <= 299:
@@ -522,7 +525,7 @@ async def _write(op: Operator, version: str, desired: Mapping[str, Any], existin
 async def _delete(op: Operator, version: str, obj: Mapping[str, Any]) -> None:
     """Release our finalizer, delete, and wait until it is gone (a name written anew must be free)."""
     kind, name = obj["kind"], obj["metadata"]["name"]
-    path = _path(version, kind, name)
+    path = api_path(version, kind, name)
     held: Mapping[str, Any] = obj
     for _ in range(MAX_CONFLICTS):
         if generate.FINALIZER not in (held["metadata"].get("finalizers") or ()):

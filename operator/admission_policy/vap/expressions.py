@@ -14,11 +14,10 @@ from ..cel import check
 from ..cellib import compat
 from ..engine import CompiledPolicy
 from ..engine.podcontrollers import Location, selected
-from .lowering import lower_optionals
+from .lowering import is_optional_syntax, lower_optionals
 from .portability import Finding, kubernetes_cel
 
 OPTIONAL_TYPES: Final = (1, 29)   # Kubernetes' CEL has optional types from this version
-_OPTIONAL_CALLS: Final = frozenset({"_?._", "_[?_]", "optional.of", "optional.ofNonZeroValue", "optional.none"})
 
 
 class NotNative(Exception):
@@ -113,8 +112,7 @@ def uses_optionals(source: str) -> bool:
         root = celast.Checked.decode(check(kubernetes_cel().environment(), compat.respell(source)).serialize()).root
     except RuntimeError:
         return False   # not Kubernetes' CEL at all: portability's blocker already says so
-    return any((node.kind == "call" and node.name in _OPTIONAL_CALLS) or any(e.optional for e in node.entries)
-               or (node.kind == "list" and bool(node.raw)) for node in celast.walk(root))
+    return any(is_optional_syntax(node) for node in celast.walk(root))
 
 
 def template_changed(location: Location) -> dict[str, str]:
@@ -136,8 +134,8 @@ def inline_variables(text: str, variables: Mapping[str, str], path: str) -> str:
     without them, now and then on its creation and always on its updates ("undefined field")."""
     if "variables" not in text:
         return text
-    checked = celast.Checked.decode(check(kubernetes_cel().environment(), compat.respell(text)).serialize())
     respelt = compat.respell(text)
+    checked = celast.Checked.decode(check(kubernetes_cel().environment(), respelt).serialize())
     parents = {child.id: node for node in celast.walk(checked.root) for child in node.children()}
     nodes = {node.id: node for node in celast.walk(checked.root)}
     edits = []

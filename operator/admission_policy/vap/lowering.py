@@ -51,7 +51,7 @@ from .. import cel, celast, cellib
 from ..cellib import compat
 from ..errors import AdmissionPolicyError
 
-_OPTIONAL_CALLS: Final = frozenset({"_?._", "_[?_]", "optional.of", "optional.ofNonZeroValue", "optional.none"})
+OPTIONAL_CALLS: Final = frozenset({"_?._", "_[?_]", "optional.of", "optional.ofNonZeroValue", "optional.none"})
 _CONSUMERS: Final = {"orValue": 1, "hasValue": 0, "value": 0}   # method → its number of arguments
 _CONSTRUCTORS: Final = frozenset({"of", "none", "ofNonZeroValue"})   # optional.<name>(…)
 # Node kinds whose text can be the operand of a select, index or call without parentheses.
@@ -79,7 +79,7 @@ def lower_optionals(source: str) -> str:
         return source
     text = compat.respell(source)   # the checker's offsets are the respelled text's (cel-go has both names)
     checked = _checked(_full_environment(), text)
-    if not any(_is_optional_syntax(node) for node in celast.walk(checked.root)):
+    if not any(is_optional_syntax(node) for node in celast.walk(checked.root)):
         return source
     tree = _Parser(text).parse()
     for node in _walk(tree):   # macros the checker expands into optional calls: named before _agree counts
@@ -129,9 +129,9 @@ def _checked(environment: Any, text: str) -> celast.Checked:
         raise NotLowerable(f"does not compile: {exc}") from None
 
 
-def _is_optional_syntax(node: celast.Expr) -> bool:
-    """As ``vap.native`` tells optional syntax: the calls the parser makes of it, optional entries."""
-    return ((node.kind == "call" and node.name in _OPTIONAL_CALLS) or any(e.optional for e in node.entries)
+def is_optional_syntax(node: celast.Expr) -> bool:
+    """Whether this node is optional syntax: the calls the parser makes of it, optional entries."""
+    return ((node.kind == "call" and node.name in OPTIONAL_CALLS) or any(e.optional for e in node.entries)
             or (node.kind == "list" and bool(node.raw)))
 
 
@@ -185,7 +185,7 @@ def _syntax_count(node: _Node) -> int:
 
 
 def _checked_count(node: celast.Expr) -> int:
-    if node.kind == "call" and node.name in _OPTIONAL_CALLS:
+    if node.kind == "call" and node.name in OPTIONAL_CALLS:
         return 1
     if node.kind == "list":   # optional_indices (field 2): packed varints, or one varint each
         count = 0

@@ -31,12 +31,10 @@ from ..engine import CompiledPolicy
 from ..engine.patching import merge
 from ..engine.podcontrollers import Location
 from .expressions import inline_variables, newer_libraries, source
+from .objects import MUTATING_BINDING as MUTATING_BINDING
+from .objects import MUTATING_POLICY as MUTATING_POLICY
 from .portability import Finding, kubernetes_cel
 
-MUTATING_POLICY: Final = "MutatingAdmissionPolicy"
-MUTATING_BINDING: Final = "MutatingAdmissionPolicyBinding"
-# Served as v1alpha1 from Kubernetes 1.32 (behind its feature gate), v1beta1 from 1.34, then v1.
-MUTATING_VERSIONS: Final = ("v1", "v1beta1", "v1alpha1")
 MUTATING_SINCE: Final = (1, 32)
 # Kubernetes carries a patch value as a protobuf Value: a number is a float64, exact up to 2**53.
 EXACT_INTEGERS: Final = 2 ** 53

@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from ..cluster.client import resource_path
 from ..errors import AdmissionPolicyError
 from .rules import ANY, OPERATIONS, SCOPES, Rule, split_resource
 from .selectors import OPERATORS, Requirement, Selector
@@ -21,6 +22,18 @@ GROUP: Final = "admissionregistration.k8s.io"
 VERSIONS: Final = ("v1", "v1beta1", "v1alpha1")
 POLICY: Final = "ValidatingAdmissionPolicy"
 BINDING: Final = "ValidatingAdmissionPolicyBinding"
+MUTATING_POLICY: Final = "MutatingAdmissionPolicy"
+MUTATING_BINDING: Final = "MutatingAdmissionPolicyBinding"
+# Served as v1alpha1 from Kubernetes 1.32 (behind its feature gate), v1beta1 from 1.34, then v1.
+MUTATING_VERSIONS: Final = ("v1", "v1beta1", "v1alpha1")
+PLURALS: Final[Mapping[str, str]] = {
+    POLICY: "validatingadmissionpolicies", BINDING: "validatingadmissionpolicybindings",
+    MUTATING_POLICY: "mutatingadmissionpolicies", MUTATING_BINDING: "mutatingadmissionpolicybindings"}
+
+
+def api_path(version: str, kind: str, name: str = "") -> str:
+    """The API path of the objects of ``kind`` (one of ``PLURALS``), or of one of them."""
+    return resource_path(GROUP, version, PLURALS[kind], name=name)
 ACTIONS: Final = ("Deny", "Warn", "Audit")
 REASONS: Final = ("Unauthorized", "Forbidden", "Invalid", "RequestEntityTooLarge")
 
