@@ -345,6 +345,24 @@ def test_failures_get_their_message_expressions_from_the_same_program() -> None:
     assert decision.evaluations == 1
 
 
+def test_offenders_only_a_message_reads_are_computed_only_on_a_denial() -> None:
+    """The Pod Security examples' layout: a true/false check, and a variable listing the offenders
+    that only the messageExpression reads. The batch binds variables lazily (``cel.bind``), so an
+    admitted request computes the checks alone: the offenders' variable here would err, and
+    computing it would show as a fallback to one program per expression. A denial builds its
+    message, offenders and all, in the same one program."""
+    p = policy(variables=[{"name": "offenders", "expression": "object.nothing.here"},
+                          {"name": "named", "expression": "object.spec.containers.map(c, c.name)"}],
+               validations=[{"expression": "object.metadata.name != 'web'",
+                             "messageExpression": "'offenders: ' + variables.offenders.join(', ')"},
+                            {"expression": "object.spec.containers.all(c, c.image.contains('@'))",
+                             "messageExpression": "'unpinned: ' + variables.named.join(', ')"}])
+    admitted = decide([p], request(pod("api", images=["nginx@sha256:0"])))
+    assert admitted.allowed and admitted.evaluations == 1
+    denied = decide([p], request(pod("api")))
+    assert not denied.allowed and denied.message.endswith("unpinned: c") and denied.evaluations == 1
+
+
 def test_an_erring_validation_is_found_by_evaluating_one_at_a_time() -> None:
     p = policy(variables=[{"name": "images", "expression": "object.spec.containers.map(c, c.image)"},
                           {"name": "broken", "expression": "object.nothing.here"}],
