@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from admission_policy import api, policyexception, reports
 from admission_policy.cli import main
 from admission_policy.engine import ExceptionCompileError, ExceptionSet, PolicySet, compile_exception
-from admission_policy.engine.background import FAIL, SKIP, Resource, audit_object, background_request
+from admission_policy.engine.background import ERROR, FAIL, SKIP, Resource, audit_object, background_request
 from admission_policy.policyexception import check_exception, parse_exception, parse_time
 from builders import POD_RULE, container, decide, deployment, pod, policy, policy_body, request, rule
 
@@ -259,6 +259,23 @@ def test_an_exception_for_pods_covers_a_deployments_pod_template() -> None:
 
 
 # --- the background audit and the reports ----------------------------------------------------------------
+
+def test_a_waived_rule_that_errs_on_a_variable_is_skipped_by_the_audit_too() -> None:
+    """A waived validation that errs because a variable it reads fails (an unlabelled Pod): the
+    error names the variable's field, not the rule's, yet it is the rule's verdict, and the
+    exception covers it. Admission allowed it; the audit said ``error`` and counted it."""
+    team = policy("team", variables=[{"name": "team", "expression": "object.metadata.labels['team']"}],
+                  validations=[{"name": "team", "expression": "variables.team != ''", "message": "no team"}])
+    given = exceptions(exception_body(policies=[{"name": "team", "rules": ["team"]}]))
+    unlabelled = pod("legacy")
+    decision = decide(team, unlabelled, exceptions=given, now=BEFORE)
+    assert decision.allowed and [e.rule for e in decision.exempted] == ["team"]
+    req = background_request(unlabelled, Resource("", "v1", "pods", "Pod"))
+    (result,) = audit_object(PolicySet([team]), req, exceptions=given, now=BEFORE)
+    assert result.result == SKIP
+    (expired,) = audit_object(PolicySet([team]), req, exceptions=given, now=END)
+    assert expired.result == ERROR and "spec.variables[0]" in expired.findings[0].message
+
 
 def test_the_audit_says_skip_naming_the_exception_then_fail_once_it_expired() -> None:
     policies = PolicySet([no_privileged()])

@@ -188,7 +188,7 @@ def evaluate(
                 for policy in candidates:
                     if policy.validations:
                         run.guarded(policy, run.validate)
-        unanswered = asking.unanswered(error for _, record in run.records.values() for error in record.errors)
+        unanswered = asking.unanswered(text for _, record in run.records.values() for text in record.texts())
         if unanswered:
             return Decision(allowed=False, code=500, reason="InternalError", patched_object=request.object,
                             message="authorizer checks without an answer: "
@@ -216,13 +216,19 @@ class _Forks(Exception):
 @dataclasses.dataclass
 class _Record:
     findings: list[Finding] = dataclasses.field(default_factory=list)
-    errors: list[str] = dataclasses.field(default_factory=list)
+    # Evaluation errors, each with the rule whose verdict it is (``spec.validations[2]``; "" when
+    # it is the whole policy's: a match condition, a mutation, a limit), so that an exception
+    # waives a rule's errors by the rule, whatever field the error names (a variable it read).
+    errors: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     mutated: bool = False
     fatal: bool = False    # an error under failurePolicy Fail outside validations: deny
     reason: str = ""
 
     def failed(self, path: str, message: str, error: bool = False) -> None:
         self.findings.append(Finding(_rule(path), message, error))
+
+    def texts(self) -> tuple[str, ...]:
+        return tuple(text for _, text in self.errors)
 
 
 class _Run:
@@ -331,7 +337,7 @@ class _Run:
 
     def abort(self, policy: CompiledPolicy, message: str) -> None:
         record = self.record(policy)
-        record.errors.append(message + self._with_param())
+        record.errors.append(("", message + self._with_param()))
         if policy.policy.failure_policy == "Fail":
             record.fatal = True
 
@@ -379,11 +385,12 @@ class _Run:
         return self.records[policy.name][1]
 
     def fail(self, policy: CompiledPolicy, error: CelEvaluationError | PatchError | PluginCallError,
-             path: str = "") -> bool:
-        """Record an evaluation error; True when the failure policy says to stop (Fail)."""
+             path: str = "", rule: str = "") -> bool:
+        """Record an evaluation error (of ``rule``, else of the whole policy); True when the failure
+        policy says to stop (Fail)."""
         text = (f"{path}: {error}" if path else str(error)) + self._with_param()
         record = self.record(policy)
-        record.errors.append(text)
+        record.errors.append((rule, text))
         return policy.policy.failure_policy == "Fail"
 
     def _with_param(self) -> str:
@@ -546,7 +553,7 @@ class _Run:
         try:
             failures = self._call(bound, policy, plugincalls.validate, lambda found: "failed" if found else "passed")
         except PluginCallError as error:
-            if self.fail(policy, error):
+            if self.fail(policy, error, rule=_rule(bound.path)):
                 record.failed(bound.path, str(error), error=True)
                 record.reason = record.reason or "Forbidden"
             return
@@ -586,7 +593,7 @@ class _Run:
                 if scope.evaluate(validation.check):
                     continue
             except CelEvaluationError as error:
-                if self.fail(policy, error):
+                if self.fail(policy, error, rule=_rule(validation.path)):
                     record.failed(validation.path, f"{error.path}: {error.message}{self._with_param()}", error=True)
                     record.reason = record.reason or "Forbidden"
                 continue
@@ -599,7 +606,7 @@ class _Run:
             try:
                 text = scope.evaluate(validation.message)
             except CelEvaluationError as error:
-                self.record(policy).errors.append(str(error))
+                self.record(policy).errors.append((_rule(validation.path), str(error)))
         self._record_failure(policy, validation, text)
 
     def _record_failure(self, policy: CompiledPolicy, validation: CompiledValidation, text: Any) -> None:
@@ -690,24 +697,18 @@ class _Run:
         return found
 
     def _waive_findings(self) -> None:
-        """Drop the failed validations (and their evaluation errors) that an exception covers."""
+        """Drop the failed validations, and the evaluation errors of the rules, that an exception
+        covers: by the rule, whatever field an error names."""
         for policy, record in self.records.values():
-            if not record.findings:
+            rules = dict.fromkeys([finding.rule for finding in record.findings] + [rule for rule, _ in record.errors])
+            if not rules:
                 continue
             names = {_rule(v.path): v for v in policy.policy.validations}
-            kept: list[Finding] = []
-            dropped: set[str] = set()
-            for finding in record.findings:
-                validation = names.get(finding.rule)
-                if validation is not None and self.waived(policy, validation.name):
-                    dropped.add(finding.rule)
-                else:
-                    kept.append(finding)
+            dropped = {rule for rule in rules if rule in names and self.waived(policy, names[rule].name)}
             if not dropped:
                 continue
-            record.findings = kept
-            record.errors = [e for e in record.errors if not any(e.startswith((f"{rule}.", f"{rule}:"))
-                                                                  for rule in dropped)]
+            record.findings = kept = [finding for finding in record.findings if finding.rule not in dropped]
+            record.errors = [(rule, text) for rule, text in record.errors if rule not in dropped]
             first = names.get(kept[0].rule) if kept else None
             record.reason = first.reason if first is not None and not kept[0].error else "Forbidden"
 
@@ -729,7 +730,7 @@ class _Run:
             kind = policy.policy.kind
             if record.fatal:
                 what = f"the Pod template of {workload}" if workload else "the request"
-                denials.append(f'{kind} "{name}" could not evaluate {what}: {record.errors[-1]}')
+                denials.append(f'{kind} "{name}" could not evaluate {what}: {record.errors[-1][1]}')
             elif denied:
                 denials.append(f'{kind} "{name}" denied the request: {about}{"; ".join(failures)}')
             elif failures and enforcement == "Warn":
@@ -740,7 +741,7 @@ class _Run:
             if denied and not reason:
                 reason = record.reason or "Forbidden"
             exempted = tuple(e for e in self.exempted if e.policy == name) if self.exempted else ()
-            outcomes.append(PolicyOutcome(name, enforcement, tuple(record.findings), tuple(record.errors),
+            outcomes.append(PolicyOutcome(name, enforcement, tuple(record.findings), record.texts(),
                                           record.mutated, denied, workload, exempted))
         patch: tuple[Mapping[str, Any], ...] = ()
         if self.object is not self.request.object and not denials:
