@@ -142,6 +142,17 @@ def test_the_oldest_kubernetes_a_portable_policy_runs_on(expression: str, kubern
                  ["spec.podControllers: this policy also judges the Pod templates of Deployment; a "
                   "ValidatingAdmissionPolicy on Pods judges Pods only"], id="Pod templates"),
     pytest.param({"match": {"resources": [POD_RULE]}, "podControllers": []}, [], id="Pods only"),
+    pytest.param({"variables": [{"name": "names", "expression": "object.spec.containers.map(c, c.name)"},
+                                {"name": "bad", "expression": "object.spec.containers.filter(c, c.image == '')"},
+                                {"name": "listed", "expression": "variables.bad.map(c, c.name)"}],
+                  "validations": [
+                      {"expression": "size(variables.names) < 10", "reason": "Forbidden",
+                       "messageExpression": "'too many: ' + variables.names.join(', ')"},
+                      {"expression": "object.spec.containers.all(c, c.image != '')", "reason": "Forbidden",
+                       "messageExpression": "'no image: ' + variables.listed.join(', ')"}]},
+                 ["spec.validations[1].messageExpression: reads variables.listed, which no validation reads: a "
+                  "ValidatingAdmissionPolicy evaluates every messageExpression on every request, so it computes it "
+                  "for every request, not only for a denial"], id="a message's own variables"),
 ])
 def test_what_ports_with_a_translation(spec: dict[str, Any], notes: list[str]) -> None:
     found = verdict(body(**spec))

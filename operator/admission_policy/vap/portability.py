@@ -18,8 +18,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from .. import celast, cellib
-from ..cel import check, new_environment
+from .. import api, celast, cellib
+from ..cel import check, new_environment, referenced_variables
 from ..engine import CompiledPolicy
 
 # ValidatingAdmissionPolicy is GA (admissionregistration.k8s.io/v1) from Kubernetes 1.30.
@@ -123,6 +123,7 @@ def _notes(compiled: CompiledPolicy, body: Mapping[str, Any]) -> list[Finding]:
                                                        "a ValidatingAdmissionPolicy; set it to keep the code")
               for i, validation in enumerate(raw)
               if isinstance(validation, Mapping) and "reason" not in validation and "plugin" not in validation]
+    notes += _eager_messages(policy)
     if policy.report_admission:
         notes.append(Finding("spec.reportAdmission", "the reports are this operator's (a ValidatingAdmission"
                                                      "Policy's Audit action writes to the API server's audit log)"))
@@ -251,3 +252,33 @@ def _line_column(source: str, offset: int) -> str:
     before = source[:offset]
     return f"(line {before.count(chr(10)) + 1}, column {offset - (before.rfind(chr(10)) + 1) + 1})"
 
+
+def _eager_messages(policy: api.AdmissionPolicy) -> list[Finding]:
+    """The messageExpressions that read variables no validation reads: the API server evaluates
+    every messageExpression on every request, whatever the validations decided, so natively those
+    variables are computed for every request, where the engine computes them for a denial only."""
+    names = [v.name for v in policy.variables]
+
+    def reads(source: str) -> set[str]:
+        found = referenced_variables(source)
+        return set(names if found is None else found)
+
+    checked: set[str] = set()
+    for validation in policy.validations:
+        if validation.expression is not None:
+            checked |= reads(validation.expression.source)
+    for variable in reversed(policy.variables):   # a variable may read earlier ones
+        if variable.name in checked:
+            checked |= reads(variable.expression.source)
+    notes = []
+    for i, validation in enumerate(policy.validations):
+        if validation.message_expression is None:
+            continue
+        only = [name for name in names if name in reads(validation.message_expression.source) - checked]
+        if only:
+            listed = ", ".join(f"variables.{name}" for name in only)
+            notes.append(Finding(f"spec.validations[{i}].messageExpression",
+                                 f"reads {listed}, which no validation reads: a ValidatingAdmissionPolicy "
+                                 "evaluates every messageExpression on every request, so it computes "
+                                 f"{'them' if len(only) > 1 else 'it'} for every request, not only for a denial"))
+    return notes
