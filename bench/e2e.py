@@ -2,7 +2,7 @@
 
     KUBEBUILDER_ASSETS=... python bench/e2e.py            # everything, about 10 minutes on 2 cores
     KUBEBUILDER_ASSETS=... python bench/e2e.py --quick    # shorter runs, 100 generated policies: ~2 minutes
-    KUBEBUILDER_ASSETS=... python bench/e2e.py --rounds 4 --no-scale-out --no-generated   # none/vap/pss/native
+    KUBEBUILDER_ASSETS=... python bench/e2e.py --rounds 4 --no-scale-out --no-generated   # none/vap/pss/native*
 
 What users feel is not the webhook's own throughput (bench/run.py) but what it adds to their
 ``kubectl apply``: latency, and CPU on the API server and the operator. So: an envtest control
@@ -16,6 +16,8 @@ checking every answer), and these scenarios, each at every concurrency level for
                     (spec.native: Never: the webhook path)
     native          the same two policies with spec.native: Auto: enforced by the ValidatingAdmissionPolicies
                     the operator generates (docs/vap.md, "Native enforcement"), the operator running but not called
+    native-same-cel bench/pss-vap.yaml's Pod checks as one AdmissionPolicy, enforced by the objects the
+                    operator generates: the same CEL as vap, so the ratio is the generator's own cost
     scale-out       pss with one, then two operator processes behind one proxy (highest level only)
     pss+generated   pss plus N policies that match none of the requests (1,000; --quick: 100)
 
@@ -233,6 +235,36 @@ def scenario_native(bench: Bench, operator: Replica) -> None:
     settle(bench, [operator], "the webhook to deny the non-compliant Pod again")
 
 
+def scenario_native_same_cel(bench: Bench, operator: Replica) -> None:
+    """pss-vap.yaml's own checks as one AdmissionPolicy, enforced by the objects the operator
+    generates: against ``vap``, the same CEL, so the ratio is what generating costs (the examples'
+    ``native`` ratio is also their CEL's). The pss policies are deleted meanwhile (a policy cannot be
+    switched off otherwise), and created again afterwards."""
+    print("\n== native-same-cel: bench/pss-vap.yaml's Pod checks as one AdmissionPolicy with spec.native: Auto,"
+          " judged by the objects the operator generates (the operator runs, idle)", flush=True)
+    pss = policies.with_native(policies.example_set("pss"), "Never")
+    paths = [f"{POLICIES}/{body['metadata']['name']}" for body in pss]
+    for path in paths:
+        bench.api.delete(path)
+    bench.api.wait("the pss policies to be deleted", lambda: all(bench.api.call("GET", p)[0] == 404 for p in paths))
+    bench.wait_enforced(False, "the pss policies to be gone")
+    version = vap.api_version(bench.plane.version)
+    bench.api.create(POLICIES, vap.same_cel_policy())
+    seconds = bench.api.wait_enforced_by([vap.SAME_CEL_NAME], "Native", timeout=180)
+    bench.wait_enforced(True, "the generated objects to deny the non-compliant Pod")
+    judged = judged_by(bench)
+    print(f"   enforcedBy Native after {seconds} s; denied by: {judged}", flush=True)
+    bench.info.setdefault("native_same_cel", {"denied_by": judged, "switch_s": []})["switch_s"].append(seconds)
+    print(f"   operator idle after {wait_idle(operator.child, timeout=120)} s", flush=True)
+    bench.measure(e2e_report.SAME_CEL, bench.pids(operator=operator.pid), expect_denials=True)
+    bench.api.delete(f"{POLICIES}/{vap.SAME_CEL_NAME}")
+    bench.api.wait("the generated objects to be deleted", lambda: not bench.api.generated(version), timeout=120)
+    for body in pss:
+        bench.api.create(POLICIES, body)
+    bench.api.wait_active([body["metadata"]["name"] for body in pss], timeout=120)
+    settle(bench, [operator], "the webhook to deny the non-compliant Pod again")
+
+
 def judged_by(bench: Bench) -> dict[str, str]:
     """Who denied the non-compliant Pod and a Deployment of it: the generated objects must be the ones
     judging (``ap.policy.*`` for the Pod, ``ap.podtemplate.*`` for the template), not the webhook."""
@@ -343,6 +375,7 @@ def run_all(plan: Plan, assets: pathlib.Path, workdir: pathlib.Path, info: dict[
             operator = scenario_pss(bench, index)
             if plan.native:
                 scenario_native(bench, operator)
+                scenario_native_same_cel(bench, operator)
             if index < plan.rounds - 1:
                 unroute(bench, operator)
         if plan.scale_out:
@@ -355,9 +388,10 @@ def run_all(plan: Plan, assets: pathlib.Path, workdir: pathlib.Path, info: dict[
     levels = list(plan.levels)
     scenarios = {name: {level: e2e_report.combine(results) for level, results in per_level.items()}
                  for name, per_level in bench.rounds.items() if not name.startswith("scale-")}
-    if e2e_report.NATIVE in scenarios:
-        bench.info["native_vs_vap"] = {level: e2e_report.versus(scenarios, bench.rounds, e2e_report.NATIVE,
-                                                                e2e_report.VAP, level) for level in levels}
+    for name in e2e_report.NATIVES:
+        if name in scenarios:
+            bench.info[e2e_report.versus_key(name)] = {
+                level: e2e_report.versus(scenarios, bench.rounds, name, e2e_report.VAP, level) for level in levels}
     met = e2e_report.targets(scenarios, levels)
     e2e_report.print_summary(scenarios, levels, met, bench.info)
     mismatched = sum(r["mismatches"] for per_level in bench.rounds.values() for rs in per_level.values() for r in rs)

@@ -16,7 +16,10 @@ Level = dict[str, Any]                 # one apiload.py result
 Scenario = dict[int, Level]            # concurrency → result
 
 BASELINE = "none"
-NATIVE, VAP = "native", "vap"
+NATIVE, SAME_CEL, VAP = "native", "native-same-cel", "vap"
+# The scenarios of generated objects, each compared with the hand-written VAP: the Pod Security
+# examples, and pss-vap.yaml's own checks written as an AdmissionPolicy (the same CEL).
+NATIVES = (NATIVE, SAME_CEL)
 NATIVE_LIMIT = 1.1   # the issue: native enforcement within 10% of hand-written VAPs
 
 
@@ -165,19 +168,27 @@ def targets(scenarios: dict[str, Scenario], levels: list[int]) -> dict[str, dict
         f"operator_cpu_le_0.5x_apiserver_at_c{top}": verdict(operator_vs_api, 0.5),
         f"added_avg_latency_le_46pct_at_c{first}": verdict(added, 0.46),
     }
-    if NATIVE in scenarios and VAP in scenarios:
-        at_first, at_top = native_ratios(scenarios, first), native_ratios(scenarios, top)
-        met[f"native_added_latency_le_{NATIVE_LIMIT}x_vap_at_c{first}"] = verdict(at_first[0], NATIVE_LIMIT)
-        met[f"native_added_cpu_le_{NATIVE_LIMIT}x_vap_at_c{first}"] = verdict(at_first[1], NATIVE_LIMIT)
-        met[f"native_added_cpu_le_{NATIVE_LIMIT}x_vap_at_c{top}"] = verdict(at_top[1], NATIVE_LIMIT)
+    for name in NATIVES:
+        if name not in scenarios or VAP not in scenarios:
+            continue
+        at_first, at_top = native_ratios(scenarios, name, first), native_ratios(scenarios, name, top)
+        key = name.replace("-", "_")
+        met[f"{key}_added_latency_le_{NATIVE_LIMIT}x_vap_at_c{first}"] = verdict(at_first[0], NATIVE_LIMIT)
+        met[f"{key}_added_cpu_le_{NATIVE_LIMIT}x_vap_at_c{first}"] = verdict(at_first[1], NATIVE_LIMIT)
+        met[f"{key}_added_cpu_le_{NATIVE_LIMIT}x_vap_at_c{top}"] = verdict(at_top[1], NATIVE_LIMIT)
     return met
 
 
-def native_ratios(scenarios: dict[str, Scenario], level: int) -> tuple[float | None, float | None]:
-    """(added latency, added CPU per request) of ``native`` over ``vap``'s, all rounds together."""
+def native_ratios(scenarios: dict[str, Scenario], name: str, level: int) -> tuple[float | None, float | None]:
+    """(added latency, added CPU per request) of ``name`` over ``vap``'s, all rounds together."""
     base = scenarios[BASELINE][level]
-    (lat, cpu), (lat_v, cpu_v) = added(scenarios[NATIVE][level], base), added(scenarios[VAP][level], base)
+    (lat, cpu), (lat_v, cpu_v) = added(scenarios[name][level], base), added(scenarios[VAP][level], base)
     return _ratio(lat, lat_v), _ratio(cpu, cpu_v)
+
+
+def versus_key(name: str) -> str:
+    """Where ``info`` keeps a generated scenario's comparison with ``vap``: ``native_vs_vap``, …"""
+    return f"{name.replace('-', '_')}_vs_vap"
 
 
 # --- printing ----------------------------------------------------------------------------------
@@ -229,10 +240,11 @@ def print_summary(scenarios: dict[str, Scenario], levels: list[int], met: dict[s
         print(f"\n== scale-out at c={scale['concurrency']}: two replicas {scale['two']['rps']:.1f} req/s, one"
               f" {scale['one']['rps']:.1f} req/s: x{scale['ratio']:.2f}; connections the proxy gave each of the two:"
               f" {scale['connections_with_two']} (2 cores for everything: see bench/README.md)")
-    comparison = info.get("native_vs_vap")
-    if comparison:
-        print("\n== native (generated VAPs) against vap (hand-written): what each adds over none, and the ratio;"
-              " per round in brackets")
+    for name in NATIVES:
+        comparison = info.get(versus_key(name)) or {}
+        if comparison:
+            print(f"\n== {name} (generated VAPs) against vap (hand-written): what each adds over none, and the"
+                  " ratio; per round in brackets")
         for level, c in comparison.items():
             print(f"   c={level:<3} added latency {c['added_latency_ms'][0]:.2f} vs {c['added_latency_ms'][1]:.2f} ms:"
                   f" x{_ms(c['latency_ratio'])} {_rounds(c['latency_ratio_by_round'])}"

@@ -4,6 +4,10 @@ Rendered once for Pods and once for Deployments (the Pod template), since 1.28's
 gives a Pod's spec and a template's spec different types; each with a binding that denies. The
 control plane serves them as it starts (tests/e2e/envtest.py turns on what its version needs):
 ``admissionregistration.k8s.io/v1beta1`` on 1.28-1.29, ``v1`` from 1.30, :func:`objects` picks it.
+
+:func:`same_cel_policy` is the Pods' rendering as an AdmissionPolicy for the operator to generate
+objects from (scenario ``native-same-cel``): the same CEL, so that what the generated objects cost
+beyond the hand-written ones is the generator's own doing.
 """
 from __future__ import annotations
 
@@ -53,3 +57,20 @@ def objects(version: tuple[int, int]) -> list[tuple[str, dict[str, Any]]]:
     api = f"/apis/{api_version(version)}"
     return ([(f"{api}/validatingadmissionpolicies", policy(kind, version)) for kind in TARGETS]
             + [(f"{api}/validatingadmissionpolicybindings", binding(kind, version)) for kind in TARGETS])
+
+
+SAME_CEL_NAME: Final = "bench-pss-same-cel"
+
+
+def same_cel_policy() -> dict[str, Any]:
+    """pss-vap.yaml's Pod policy as an AdmissionPolicy with ``spec.native: Auto``: its match
+    condition, variables and validations as they are. The operator generates a ValidatingAdmission
+    Policy for Pods and one for workloads' Pod templates (where the hand-written file has its
+    Deployments' rendering)."""
+    rendered = policy("pods")["spec"]
+    rule = TARGETS["pods"][0]
+    return {"apiVersion": "policy-operator.dev/v1alpha1", "kind": "AdmissionPolicy",
+            "metadata": {"name": SAME_CEL_NAME},
+            "spec": {"native": "Auto", "failurePolicy": rendered["failurePolicy"],
+                     "match": {"resources": [rule], "conditions": rendered["matchConditions"]},
+                     "variables": rendered["variables"], "validations": rendered["validations"]}}
