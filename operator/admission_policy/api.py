@@ -13,10 +13,11 @@ import copy
 import dataclasses
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Final, Literal, TypeAlias, cast
 
-from .errors import AdmissionPolicyError
+from . import fields
+from .fields import PolicyError as PolicyError  # callers know it as api.PolicyError
 
 GROUP: Final = "policy-operator.dev"
 VERSION: Final = "v1alpha1"
@@ -110,15 +111,6 @@ ACCEPTED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
 }
 
 
-class PolicyError(AdmissionPolicyError, ValueError):
-    """A policy that cannot be used, with the field path and what is wrong with it."""
-
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"{path}: {message}" if path else message)
-        self.path = path
-        self.message = message
-
-
 @dataclasses.dataclass(frozen=True)
 class Expression:
     """A CEL source with the field path it came from, for error messages."""
@@ -142,6 +134,30 @@ class ResourceRule:
     api_versions: tuple[str, ...]
     resources: tuple[str, ...]
     operations: tuple[str, ...]
+
+    def covers(self, group: str, version: str, resource: str, subresource: str, operation: str) -> bool:
+        """Whether a request for ``resource`` (``subresource``: "" for the main resource) is one this
+        rule names: "pods" the main resource only, "pods/*" its subresources only, "*" every main
+        resource, "*/status" every status subresource. (Kubernetes' own matcher also takes "pods"
+        itself for "pods/*"; ``vap.rules`` says so where it writes rules for the API server.)
+
+        The one reading of a rule: the engine's index (``engine.policyset``, by ``split_resource``)
+        and the exceptions (``engine.exceptions``) come to the same answer."""
+        return (_names(group, self.api_groups) and _names(version, self.api_versions)
+                and _names(operation, self.operations)
+                and any(_names(resource, (main,)) and (_names(subresource, (sub,)) if subresource else not sub)
+                        for main, sub in map(split_resource, self.resources)))
+
+
+def split_resource(entry: str) -> tuple[str, str]:
+    """A rule's resource entry as (resource, subresource): "pods/status" → ("pods", "status"),
+    "pods" → ("pods", ""), "*/*" → ("*", "*")."""
+    resource, _, subresource = entry.partition("/")
+    return resource, subresource
+
+
+def _names(value: str, written: tuple[str, ...]) -> bool:
+    return "*" in written or value in written
 
 
 @dataclasses.dataclass(frozen=True)
@@ -388,50 +404,50 @@ def parse_policy(obj: Any, *, default_failure_policy: FailurePolicy = "Fail") ->
 
 
 def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionPolicy:
-    root = _mapping(obj, "")
-    _check_fields(root, "", "")
+    root = fields.mapping(obj, "")
+    fields.check_fields(root, "", "", ACCEPTED_FIELDS)
     namespace = None
     if root.get("kind") == NAMESPACED_KIND:
         metadata, name, generation = object_header(root, NAMESPACED_KIND)
-        namespace = _required_string(metadata.get("namespace"), "metadata.namespace")
+        namespace = fields.required_string(metadata.get("namespace"), "metadata.namespace")
     else:
         _, name, generation = object_header(root, KIND)
 
-    spec = _mapping(root.get("spec"), "spec")
-    _check_fields(spec, "spec", "spec")
-    description = _string(spec.get("description", ""), "spec.description")
-    enforcement = _enum(spec.get("enforcement", "Enforce"), "spec.enforcement", ENFORCEMENTS)
-    failure_policy = _enum(spec.get("failurePolicy", default_failure_policy), "spec.failurePolicy",
+    spec = fields.mapping(root.get("spec"), "spec")
+    fields.check_fields(spec, "spec", "spec", ACCEPTED_FIELDS)
+    description = fields.string(spec.get("description", ""), "spec.description")
+    enforcement = fields.enum(spec.get("enforcement", "Enforce"), "spec.enforcement", ENFORCEMENTS)
+    failure_policy = fields.enum(spec.get("failurePolicy", default_failure_policy), "spec.failurePolicy",
                            FAILURE_POLICIES)
     if "match" not in spec:
         raise PolicyError("spec.match", "is required")
     match = _parse_match(spec["match"])
     variables = tuple(
-        _parse_named(item, f"spec.variables[{i}]", "spec.variables[]")
-        for i, item in enumerate(_list(spec.get("variables", []), "spec.variables"))
+        parse_named(item, f"spec.variables[{i}]", "spec.variables[]")
+        for i, item in enumerate(fields.array(spec.get("variables", []), "spec.variables"))
     )
-    _check_unique([v.name for v in variables], "spec.variables", "variable")
+    fields.check_unique([v.name for v in variables], "spec.variables", "variable")
     validations = tuple(
         _parse_validation(item, f"spec.validations[{i}]", i)
-        for i, item in enumerate(_list(spec.get("validations", []), "spec.validations"))
+        for i, item in enumerate(fields.array(spec.get("validations", []), "spec.validations"))
     )
-    _check_unique([v.name for v in validations], "spec.validations", "validation")
+    fields.check_unique([v.name for v in validations], "spec.validations", "validation")
     mutations = tuple(
         _parse_mutation(item, f"spec.mutations[{i}]", i)
-        for i, item in enumerate(_list(spec.get("mutations", []), "spec.mutations"))
+        for i, item in enumerate(fields.array(spec.get("mutations", []), "spec.mutations"))
     )
     if not validations and not mutations:
         raise PolicyError("spec", "needs at least one validation or mutation")
     pod_controllers = None
     if spec.get("podControllers") is not None:
-        pod_controllers = tuple(_strings(spec["podControllers"], "spec.podControllers"))
+        pod_controllers = tuple(fields.strings(spec["podControllers"], "spec.podControllers"))
         for i, kind in enumerate(pod_controllers):
-            _enum(kind, f"spec.podControllers[{i}]", POD_CONTROLLERS)
-        _check_unique(pod_controllers, "spec.podControllers", "kind", named=False)
+            fields.enum(kind, f"spec.podControllers[{i}]", POD_CONTROLLERS)
+        fields.check_unique(pod_controllers, "spec.podControllers", "kind", named=False)
     param_kind, param_ref = _parse_params(spec)
     context = tuple(_parse_context(item, f"spec.context[{i}]", "All" if namespace is None else "RequestNamespace")
-                    for i, item in enumerate(_list(spec.get("context", []), "spec.context")))
-    _check_unique([c.name for c in context], "spec.context", "context")
+                    for i, item in enumerate(fields.array(spec.get("context", []), "spec.context")))
+    fields.check_unique([c.name for c in context], "spec.context", "context")
     if namespace is not None:
         _check_tenant(namespace, match, param_ref, context)
     return AdmissionPolicy(
@@ -449,11 +465,11 @@ def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionP
         validations=validations,
         mutations=mutations,
         pod_controllers=pod_controllers,
-        report_admission=_boolean(spec.get("reportAdmission", False), "spec.reportAdmission"),
-        native=cast(Literal["Auto", "Never"], _enum(spec["native"], "spec.native", ("Auto", "Never")))
+        report_admission=fields.boolean(spec.get("reportAdmission", False), "spec.reportAdmission"),
+        native=cast(Literal["Auto", "Never"], fields.enum(spec["native"], "spec.native", ("Auto", "Never")))
         if spec.get("native") is not None else None,
         exceptions=_parse_exception_rules(spec.get("exceptions")),
-        reinvocation_policy=cast(ReinvocationPolicy, _enum(spec.get("reinvocationPolicy", "Never"),
+        reinvocation_policy=cast(ReinvocationPolicy, fields.enum(spec.get("reinvocationPolicy", "Never"),
                                                            "spec.reinvocationPolicy", REINVOCATION_POLICIES)),
     )
 
@@ -487,8 +503,8 @@ def object_header(root: Mapping[str, Any], kind: str) -> tuple[Mapping[str, Any]
         raise PolicyError("apiVersion", f"must be {API_VERSION!r}, got {root.get('apiVersion')!r}")
     if root.get("kind") not in (None, kind):
         raise PolicyError("kind", f"must be {kind!r}, got {root.get('kind')!r}")
-    metadata = _mapping(root.get("metadata"), "metadata")
-    name = _required_string(metadata.get("name"), "metadata.name")
+    metadata = fields.mapping(root.get("metadata"), "metadata")
+    name = fields.required_string(metadata.get("name"), "metadata.name")
     generation = metadata.get("generation", 0)
     if not isinstance(generation, int) or isinstance(generation, bool):
         raise PolicyError("metadata.generation", "must be an integer")
@@ -499,13 +515,13 @@ def _parse_exception_rules(value: Any) -> ExceptionRules:
     if value is None:
         return ExceptionRules()
     path = "spec.exceptions"
-    raw = _mapping(value, path)
-    _check_fields(raw, path, path)
+    raw = fields.mapping(value, path)
+    fields.check_fields(raw, path, path, ACCEPTED_FIELDS)
     max_duration = None
     if raw.get("maxDuration") is not None:
         max_duration = parse_duration(raw["maxDuration"], f"{path}.maxDuration")
-    approval = _enum(raw.get("approval", "Required"), f"{path}.approval", APPROVALS)
-    return ExceptionRules(_boolean(raw.get("allowed", True), f"{path}.allowed"), max_duration,
+    approval = fields.enum(raw.get("approval", "Required"), f"{path}.approval", APPROVALS)
+    return ExceptionRules(fields.boolean(raw.get("allowed", True), f"{path}.allowed"), max_duration,
                           cast(Literal["None", "Required"], approval))
 
 
@@ -516,7 +532,7 @@ _DURATION = re.compile(r"(?:[0-9]+[dhms])+")
 def parse_duration(value: Any, path: str) -> int:
     """Seconds of a duration as Go writes it (``720h``, ``1h30m``), and days (``90d``), which an
     exception's lifetime is usually counted in."""
-    text = _string(value, path)
+    text = fields.string(value, path)
     if not _DURATION.fullmatch(text):
         raise PolicyError(path, f"{text!r} is not a duration: write it as \"90d\", \"720h\" or \"1h30m\"")
     seconds = sum(int(amount) * _DURATION_UNITS[unit] for amount, unit in re.findall(r"([0-9]+)([dhms])", text))
@@ -535,42 +551,42 @@ def format_duration(seconds: int) -> str:
 
 def _parse_match(value: Any) -> Match:
     path = "spec.match"
-    raw = _mapping(value, path)
-    _check_fields(raw, path, path)
-    resources_raw = _list(raw.get("resources"), f"{path}.resources")
+    raw = fields.mapping(value, path)
+    fields.check_fields(raw, path, path, ACCEPTED_FIELDS)
+    resources_raw = fields.array(raw.get("resources"), f"{path}.resources")
     if not resources_raw:
         raise PolicyError(f"{path}.resources", "needs at least one resource rule")
-    resources = tuple(_parse_rule(item, f"{path}.resources[{i}]") for i, item in enumerate(resources_raw))
+    resources = tuple(parse_rule(item, f"{path}.resources[{i}]") for i, item in enumerate(resources_raw))
     conditions = tuple(
-        _parse_named(item, f"{path}.conditions[{i}]", f"{path}.conditions[]")
-        for i, item in enumerate(_list(raw.get("conditions", []), f"{path}.conditions"))
+        parse_named(item, f"{path}.conditions[{i}]", f"{path}.conditions[]")
+        for i, item in enumerate(fields.array(raw.get("conditions", []), f"{path}.conditions"))
     )
-    _check_unique([c.name for c in conditions], f"{path}.conditions", "condition")
+    fields.check_unique([c.name for c in conditions], f"{path}.conditions", "condition")
     return Match(
         resources=resources,
-        namespace_selector=_parse_selector(raw.get("namespaceSelector"), f"{path}.namespaceSelector"),
-        object_selector=_parse_selector(raw.get("objectSelector"), f"{path}.objectSelector"),
-        exclude_namespaces=frozenset(_strings(raw.get("excludeNamespaces", []), f"{path}.excludeNamespaces")),
+        namespace_selector=parse_selector(raw.get("namespaceSelector"), f"{path}.namespaceSelector"),
+        object_selector=parse_selector(raw.get("objectSelector"), f"{path}.objectSelector"),
+        exclude_namespaces=frozenset(fields.strings(raw.get("excludeNamespaces", []), f"{path}.excludeNamespaces")),
         conditions=conditions,
     )
 
 
-def _parse_rule(value: Any, path: str) -> ResourceRule:
-    raw = _mapping(value, path)
-    _check_fields(raw, path, "spec.match.resources[]")
-    fields: dict[str, tuple[str, ...]] = {}
+def parse_rule(value: Any, path: str) -> ResourceRule:
+    raw = fields.mapping(value, path)
+    fields.check_fields(raw, path, "spec.match.resources[]", ACCEPTED_FIELDS)
+    lists: dict[str, tuple[str, ...]] = {}
     for key in ("apiGroups", "apiVersions", "resources", "operations"):
-        items = _strings(raw.get(key), f"{path}.{key}")
+        items = fields.strings(raw.get(key), f"{path}.{key}")
         if not items:
             raise PolicyError(f"{path}.{key}", "needs at least one entry (use \"*\" for all)")
-        fields[key] = tuple(items)
-    for i, op in enumerate(fields["operations"]):
-        _enum(op, f"{path}.operations[{i}]", OPERATIONS)
-    for i, resource in enumerate(fields["resources"]):
+        lists[key] = tuple(items)
+    for i, op in enumerate(lists["operations"]):
+        fields.enum(op, f"{path}.operations[{i}]", OPERATIONS)
+    for i, resource in enumerate(lists["resources"]):
         if not resource or resource.count("/") > 1 or resource.startswith("/") or resource.endswith("/"):
             raise PolicyError(f"{path}.resources[{i}]",
                               f"{resource!r} is not a resource: use \"pods\", \"pods/status\" or \"*\"")
-    return ResourceRule(fields["apiGroups"], fields["apiVersions"], fields["resources"], fields["operations"])
+    return ResourceRule(lists["apiGroups"], lists["apiVersions"], lists["resources"], lists["operations"])
 
 
 def _parse_params(spec: Mapping[str, Any]) -> tuple[ParamKind | None, ParamRef | None]:
@@ -581,47 +597,47 @@ def _parse_params(spec: Mapping[str, Any]) -> tuple[ParamKind | None, ParamRef |
         raise PolicyError("spec.paramKind", "is required with spec.paramRef (which kind of object to read)")
     if spec.get("paramRef") is None:
         raise PolicyError("spec.paramRef", "is required with spec.paramKind (which objects of that kind to read)")
-    raw = _mapping(spec["paramKind"], "spec.paramKind")
-    _check_fields(raw, "spec.paramKind", "spec.paramKind")
-    api_version = _string(raw.get("apiVersion"), "spec.paramKind.apiVersion")
+    raw = fields.mapping(spec["paramKind"], "spec.paramKind")
+    fields.check_fields(raw, "spec.paramKind", "spec.paramKind", ACCEPTED_FIELDS)
+    api_version = fields.string(raw.get("apiVersion"), "spec.paramKind.apiVersion")
     if not api_version or api_version.count("/") > 1 or api_version.endswith("/") or api_version.startswith("/"):
         raise PolicyError("spec.paramKind.apiVersion", f"{api_version!r} is not an apiVersion (\"v1\", \"group/v1\")")
-    kind = _required_string(raw.get("kind"), "spec.paramKind.kind")
-    ref = _mapping(spec["paramRef"], "spec.paramRef")
-    _check_fields(ref, "spec.paramRef", "spec.paramRef")
-    name = _string(ref["name"], "spec.paramRef.name") if ref.get("name") is not None else None
+    kind = fields.required_string(raw.get("kind"), "spec.paramKind.kind")
+    ref = fields.mapping(spec["paramRef"], "spec.paramRef")
+    fields.check_fields(ref, "spec.paramRef", "spec.paramRef", ACCEPTED_FIELDS)
+    name = fields.string(ref["name"], "spec.paramRef.name") if ref.get("name") is not None else None
     selector = None
     if ref.get("selector") is not None:
-        selector = _parse_selector(ref["selector"], "spec.paramRef.selector")
+        selector = parse_selector(ref["selector"], "spec.paramRef.selector")
     if (name is None) == (selector is None):
         raise PolicyError("spec.paramRef", "needs exactly one of name or selector")
     if name == "":
         raise PolicyError("spec.paramRef.name", "must not be empty")
-    namespace = _string(ref["namespace"], "spec.paramRef.namespace") if ref.get("namespace") is not None else None
-    action = _enum(ref.get("parameterNotFoundAction", "Deny"), "spec.paramRef.parameterNotFoundAction",
+    namespace = fields.string(ref["namespace"], "spec.paramRef.namespace") if ref.get("namespace") is not None else None
+    action = fields.enum(ref.get("parameterNotFoundAction", "Deny"), "spec.paramRef.parameterNotFoundAction",
                    PARAMETER_NOT_FOUND_ACTIONS)
     return ParamKind(api_version, kind), ParamRef(name, selector, namespace or None,
                                                   cast(Literal["Allow", "Deny"], action))
 
 
 def _parse_context(value: Any, path: str, default_scope: str) -> ContextEntry:
-    raw = _mapping(value, path)
-    _check_fields(raw, path, "spec.context[]")
-    name = _string(raw.get("name"), f"{path}.name")
+    raw = fields.mapping(value, path)
+    fields.check_fields(raw, path, "spec.context[]", ACCEPTED_FIELDS)
+    name = fields.string(raw.get("name"), f"{path}.name")
     if not name.isidentifier():
         raise PolicyError(f"{path}.name", f"{name!r} must be a CEL identifier (letters, digits, _): "
                                           "CEL reads it as context.<name>")
-    group = _string(raw.get("group", ""), f"{path}.group")
-    version = _required_string(raw.get("version"), f"{path}.version")
-    resource = _string(raw.get("resource"), f"{path}.resource")
+    group = fields.string(raw.get("group", ""), f"{path}.group")
+    version = fields.required_string(raw.get("version"), f"{path}.version")
+    resource = fields.string(raw.get("resource"), f"{path}.resource")
     if not resource or "/" in resource or resource == "*":
         raise PolicyError(f"{path}.resource", f"{resource!r} is not a resource: name one plural, e.g. \"deployments\"")
-    scope = _enum(raw.get("scope", default_scope), f"{path}.scope", CONTEXT_SCOPES)
+    scope = fields.enum(raw.get("scope", default_scope), f"{path}.scope", CONTEXT_SCOPES)
     max_objects = raw.get("maxObjects", DEFAULT_MAX_OBJECTS)
     if not isinstance(max_objects, int) or isinstance(max_objects, bool) or not 1 <= max_objects <= MAX_OBJECTS_LIMIT:
         raise PolicyError(f"{path}.maxObjects", f"must be a whole number from 1 to {MAX_OBJECTS_LIMIT:,} "
                                                 f"(CEL's loop budget per evaluation), got {max_objects!r}")
-    selector = _parse_selector(raw.get("labelSelector"), f"{path}.labelSelector", "spec.context[].labelSelector")
+    selector = parse_selector(raw.get("labelSelector"), f"{path}.labelSelector", "spec.context[].labelSelector")
     return ContextEntry(name, ContextSource(group, version, resource, selector),
                         cast(Literal["All", "RequestNamespace"], scope), max_objects, path)
 
@@ -636,25 +652,25 @@ def selector_text(selector: LabelSelector) -> str:
     return ",".join(parts)
 
 
-def _parse_selector(value: Any, path: str, schema_path: str | None = None) -> LabelSelector:
+def parse_selector(value: Any, path: str, schema_path: str | None = None) -> LabelSelector:
     if value is None:
         return LabelSelector()
     schema_path = schema_path or path
-    raw = _mapping(value, path)
-    _check_fields(raw, path, schema_path)
-    labels = _mapping(raw.get("matchLabels", {}), f"{path}.matchLabels")
+    raw = fields.mapping(value, path)
+    fields.check_fields(raw, path, schema_path, ACCEPTED_FIELDS)
+    labels = fields.mapping(raw.get("matchLabels", {}), f"{path}.matchLabels")
     for key, label in labels.items():
         if not isinstance(key, str):   # YAML reads `1: a` as a number
             raise PolicyError(f"{path}.matchLabels", f"label key {key!r} must be a string")
-        _string(label, f"{path}.matchLabels.{key}")
+        fields.string(label, f"{path}.matchLabels.{key}")
     requirements = []
-    for i, item in enumerate(_list(raw.get("matchExpressions", []), f"{path}.matchExpressions")):
+    for i, item in enumerate(fields.array(raw.get("matchExpressions", []), f"{path}.matchExpressions")):
         item_path = f"{path}.matchExpressions[{i}]"
-        req = _mapping(item, item_path)
-        _check_fields(req, item_path, f"{schema_path}.matchExpressions[]")
-        key = _string(req.get("key"), f"{item_path}.key")
-        operator = _enum(req.get("operator"), f"{item_path}.operator", SELECTOR_OPERATORS)
-        values = _strings(req.get("values", []), f"{item_path}.values")
+        req = fields.mapping(item, item_path)
+        fields.check_fields(req, item_path, f"{schema_path}.matchExpressions[]", ACCEPTED_FIELDS)
+        key = fields.string(req.get("key"), f"{item_path}.key")
+        operator = fields.enum(req.get("operator"), f"{item_path}.operator", SELECTOR_OPERATORS)
+        values = fields.strings(req.get("values", []), f"{item_path}.values")
         if operator in ("In", "NotIn") and not values:
             raise PolicyError(f"{item_path}.values", f"must not be empty with operator {operator}")
         if operator in ("Exists", "DoesNotExist") and values:
@@ -663,27 +679,27 @@ def _parse_selector(value: Any, path: str, schema_path: str | None = None) -> La
     return LabelSelector(tuple(sorted(labels.items())), tuple(requirements))
 
 
-def _parse_named(value: Any, path: str, schema_path: str) -> NamedExpression:
+def parse_named(value: Any, path: str, schema_path: str) -> NamedExpression:
     """A variable (whose name CEL reads as ``variables.<name>``) or a match condition."""
-    raw = _mapping(value, path)
-    _check_fields(raw, path, schema_path)
-    name = _required_string(raw.get("name"), f"{path}.name")
+    raw = fields.mapping(value, path)
+    fields.check_fields(raw, path, schema_path, ACCEPTED_FIELDS)
+    name = fields.required_string(raw.get("name"), f"{path}.name")
     if schema_path == "spec.variables[]" and not name.isidentifier():
         raise PolicyError(f"{path}.name", f"{name!r} must be a CEL identifier (letters, digits, _)")
     return NamedExpression(name, _expression(raw.get("expression"), f"{path}.expression"))
 
 
 def _parse_validation(value: Any, path: str, index: int) -> Validation:
-    raw = _mapping(value, path)
-    _check_fields(raw, path, "spec.validations[]")
-    name = _required_string(raw.get("name", f"validation-{index}"), f"{path}.name")
+    raw = fields.mapping(value, path)
+    fields.check_fields(raw, path, "spec.validations[]", ACCEPTED_FIELDS)
+    name = fields.required_string(raw.get("name", f"validation-{index}"), f"{path}.name")
     message = raw.get("message")
     if message is not None:
-        message = _string(message, f"{path}.message")
+        message = fields.string(message, f"{path}.message")
     message_expression = None
     if raw.get("messageExpression") is not None:
         message_expression = _expression(raw["messageExpression"], f"{path}.messageExpression")
-    reason = _enum(raw.get("reason", "Forbidden"), f"{path}.reason", tuple(REASON_CODES))
+    reason = fields.enum(raw.get("reason", "Forbidden"), f"{path}.reason", tuple(REASON_CODES))
     if raw.get("plugin") is not None:
         if raw.get("expression") is not None:
             raise PolicyError(path, "needs exactly one of expression or plugin")
@@ -697,17 +713,17 @@ def _parse_validation(value: Any, path: str, index: int) -> Validation:
 
 
 def _parse_plugin(value: Any, path: str, schema_path: str) -> PluginRef:
-    raw = _mapping(value, path)
-    _check_fields(raw, path, schema_path)
-    name = _required_string(raw.get("name"), f"{path}.name")
-    config = _finite(copy.deepcopy(dict(_mapping(raw.get("config", {}), f"{path}.config"))), f"{path}.config")
+    raw = fields.mapping(value, path)
+    fields.check_fields(raw, path, schema_path, ACCEPTED_FIELDS)
+    name = fields.required_string(raw.get("name"), f"{path}.name")
+    config = _finite(copy.deepcopy(dict(fields.mapping(raw.get("config", {}), f"{path}.config"))), f"{path}.config")
     return PluginRef(name, config, path)
 
 
 def _parse_mutation(value: Any, path: str, index: int) -> Mutation:
-    raw = _mapping(value, path)
-    _check_fields(raw, path, "spec.mutations[]")
-    name = _string(raw.get("name", f"mutation-{index}"), f"{path}.name")
+    raw = fields.mapping(value, path)
+    fields.check_fields(raw, path, "spec.mutations[]", ACCEPTED_FIELDS)
+    name = fields.string(raw.get("name", f"mutation-{index}"), f"{path}.name")
     condition = None
     if raw.get("condition") is not None:
         condition = _expression(raw["condition"], f"{path}.condition")
@@ -719,23 +735,23 @@ def _parse_mutation(value: Any, path: str, index: int) -> Mutation:
                         _parse_plugin(raw["plugin"], f"{path}.plugin", "spec.mutations[].plugin"))
     if has_patch == has_merge:
         raise PolicyError(path, "needs exactly one of jsonPatch, merge or plugin")
-    merge_mode = _enum(raw.get("mergeMode", "Overwrite"), f"{path}.mergeMode", MERGE_MODES)
+    merge_mode = fields.enum(raw.get("mergeMode", "Overwrite"), f"{path}.mergeMode", MERGE_MODES)
     json_patch = None
     merge = None
     if has_patch:
-        ops = _list(raw["jsonPatch"], f"{path}.jsonPatch")
+        ops = fields.array(raw["jsonPatch"], f"{path}.jsonPatch")
         if not ops:
             raise PolicyError(f"{path}.jsonPatch", "needs at least one operation")
         json_patch = tuple(_parse_patch_op(op, f"{path}.jsonPatch[{i}]") for i, op in enumerate(ops))
     else:
-        merge = _finite(copy.deepcopy(dict(_mapping(raw["merge"], f"{path}.merge"))), f"{path}.merge")
+        merge = _finite(copy.deepcopy(dict(fields.mapping(raw["merge"], f"{path}.merge"))), f"{path}.merge")
     return Mutation(name, condition, json_patch, merge, cast(MergeMode, merge_mode), path)
 
 
 def _parse_patch_op(value: Any, path: str) -> PatchOperation:
-    raw = _mapping(value, path)
-    _check_fields(raw, path, "spec.mutations[].jsonPatch[]")
-    op = _enum(raw.get("op"), f"{path}.op", PATCH_OPS)
+    raw = fields.mapping(value, path)
+    fields.check_fields(raw, path, "spec.mutations[].jsonPatch[]", ACCEPTED_FIELDS)
+    op = fields.enum(raw.get("op"), f"{path}.op", PATCH_OPS)
     pointer = _pointer(raw.get("path"), f"{path}.path")
     from_ = None
     if op in ("copy", "move"):
@@ -755,79 +771,15 @@ def _parse_patch_op(value: Any, path: str) -> PatchOperation:
     return PatchOperation(op, pointer, from_, value, value_expression, path)
 
 
-# Small typed readers: each raises a PolicyError that names the field.
-
-def _check_fields(raw: Mapping[str, Any], path: str, schema_path: str,
-                  accepted: Mapping[str, frozenset[str]] = ACCEPTED_FIELDS) -> None:
-    """No field but those ``accepted`` at ``schema_path`` (another kind passes its own table)."""
-    unknown = sorted(set(raw) - accepted[schema_path], key=str)   # YAML keys may be numbers
-    if unknown:
-        key = unknown[0] if isinstance(unknown[0], str) and unknown[0] else repr(unknown[0])   # "" names nothing
-        where = f"{path}.{key}" if path else key
-        allowed = ", ".join(sorted(accepted[schema_path]))
-        raise PolicyError(where, f"unknown field (allowed here: {allowed})")
-
-
-def _check_unique(names: Sequence[str], path: str, what: str, *, named: bool = True) -> None:
-    seen: set[str] = set()
-    for i, name in enumerate(names):
-        if name in seen:
-            raise PolicyError(f"{path}[{i}].name" if named else f"{path}[{i}]",
-                              f"duplicate {what} name {name!r}" if named else f"duplicate {what} {name!r}")
-        seen.add(name)
-
-
-def _mapping(value: Any, path: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise PolicyError(path, f"must be an object, got {_type_name(value)}")
-    return value
-
-
-def _list(value: Any, path: str) -> Sequence[Any]:
-    if not isinstance(value, list):
-        raise PolicyError(path, f"must be a list, got {_type_name(value)}")
-    return value
-
-
-def _boolean(value: Any, path: str) -> bool:
-    if not isinstance(value, bool):
-        raise PolicyError(path, f"must be true or false, got {_type_name(value)}")
-    return value
-
-
-def _string(value: Any, path: str) -> str:
-    if not isinstance(value, str):
-        raise PolicyError(path, f"must be a string, got {_type_name(value)}")
-    return value
-
-
-def _strings(value: Any, path: str) -> list[str]:
-    return [_string(item, f"{path}[{i}]") for i, item in enumerate(_list(value, path))]
-
-
-def _enum(value: Any, path: str, allowed: Sequence[str]) -> str:
-    if value not in allowed:
-        choices = " | ".join(allowed)
-        raise PolicyError(path, f"must be one of {choices}, got {value!r}")
-    return cast(str, value)
-
-
-def _required_string(value: Any, path: str) -> str:
-    text = _string(value, path)
-    if not text:
-        raise PolicyError(path, "must not be empty")
-    return text
-
-
 def _expression(value: Any, path: str) -> Expression:
-    source = _string(value, path)
+    source = fields.string(value, path)
     if not source.strip():
         raise PolicyError(path, "must not be empty")
     return Expression(source, path)
 
 
 def _pointer(value: Any, path: str) -> str:
-    pointer = _string(value, path)
+    pointer = fields.string(value, path)
     if not pointer.startswith("/"):
         raise PolicyError(path, f"{pointer!r} is not a JSON pointer (it must start with '/')")
     return pointer
@@ -865,10 +817,3 @@ def _finite(value: Any, path: str) -> Any:
         elif isinstance(item, (list, tuple)):
             pending.extend(item)
     return value
-
-
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
-            int: "a number", float: "a number"}.get(type(value), type(value).__name__)

@@ -15,7 +15,7 @@ A class that callers also catch as ``ValueError`` (parsing, reading input) keeps
 The families, by where they are raised:
 
 - a policy that cannot be used (refused at ``kubectl apply``, shown in its status, listed by
-  ``lint``): ``api.PolicyError``, ``engine.compiler.PolicyCompileError`` (one
+  ``lint``): ``api.PolicyError`` (raised by ``fields``' readers too), ``engine.compiler.PolicyCompileError`` (one
   ``cel.CelCompileError`` per expression), ``plugins.ConfigError``;
 - a ValidatingAdmissionPolicy that cannot be converted: ``vap.objects.VapObjectError``;
 - a request that cannot be evaluated: ``engine.request.ReviewError``;

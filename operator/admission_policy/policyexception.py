@@ -23,25 +23,18 @@ import fnmatch
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from . import api
+from . import api, fields
 from .api import (
     LabelSelector,
     NamedExpression,
-    PolicyError,
     ResourceRule,
-    _check_fields,
-    _check_unique,
-    _list,
-    _mapping,
-    _parse_named,
-    _parse_rule,
-    _parse_selector,
-    _required_string,
-    _string,
-    _strings,
     format_duration,
     object_header,
+    parse_named,
+    parse_rule,
+    parse_selector,
 )
+from .fields import PolicyError
 
 KIND: Final = "AdmissionPolicyException"
 PLURAL: Final = "admissionpolicyexceptions"
@@ -143,23 +136,23 @@ class PolicyException:
 
 def parse_exception(obj: Any) -> PolicyException:
     """Turn an AdmissionPolicyException object (as stored in the cluster or a file) into typed values."""
-    root = _mapping(obj, "")
-    _check_fields(root, "", "", ACCEPTED_FIELDS)
+    root = fields.mapping(obj, "")
+    fields.check_fields(root, "", "", ACCEPTED_FIELDS)
     metadata, name, generation = object_header(root, KIND)
-    namespace = _required_string(metadata.get("namespace"), "metadata.namespace")
-    record = _parse_record(_mapping(metadata.get("annotations") or {}, "metadata.annotations"))
+    namespace = fields.required_string(metadata.get("namespace"), "metadata.namespace")
+    record = _parse_record(fields.mapping(metadata.get("annotations") or {}, "metadata.annotations"))
 
-    spec = _mapping(root.get("spec"), "spec")
-    _check_fields(spec, "spec", "spec", ACCEPTED_FIELDS)
-    raw_policies = _list(spec.get("policies"), "spec.policies")
+    spec = fields.mapping(root.get("spec"), "spec")
+    fields.check_fields(spec, "spec", "spec", ACCEPTED_FIELDS)
+    raw_policies = fields.array(spec.get("policies"), "spec.policies")
     if not raw_policies:
         raise PolicyError("spec.policies", "needs at least one policy")
     policies = tuple(_parse_policy_ref(item, f"spec.policies[{i}]") for i, item in enumerate(raw_policies))
-    _check_unique([p.name for p in policies], "spec.policies", "policy")
-    conditions = tuple(_parse_named(item, f"spec.conditions[{i}]", "spec.match.conditions[]")
-                       for i, item in enumerate(_list(spec.get("conditions", []), "spec.conditions")))
-    _check_unique([c.name for c in conditions], "spec.conditions", "condition")
-    reason = _string(spec.get("reason"), "spec.reason")
+    fields.check_unique([p.name for p in policies], "spec.policies", "policy")
+    conditions = tuple(parse_named(item, f"spec.conditions[{i}]", "spec.match.conditions[]")
+                       for i, item in enumerate(fields.array(spec.get("conditions", []), "spec.conditions")))
+    fields.check_unique([c.name for c in conditions], "spec.conditions", "condition")
+    reason = fields.string(spec.get("reason"), "spec.reason")
     if not reason.strip():
         raise PolicyError("spec.reason", "must say why the exception is granted")
     if spec.get("expiresAt") is None:
@@ -170,32 +163,32 @@ def parse_exception(obj: Any) -> PolicyException:
 
 
 def _parse_policy_ref(value: Any, path: str) -> PolicyRef:
-    raw = _mapping(value, path)
-    _check_fields(raw, path, "spec.policies[]", ACCEPTED_FIELDS)
-    rules = tuple(_strings(raw.get("rules", []), f"{path}.rules"))
-    _check_unique(rules, f"{path}.rules", "rule", named=False)
-    return PolicyRef(_required_string(raw.get("name"), f"{path}.name"), rules, path)
+    raw = fields.mapping(value, path)
+    fields.check_fields(raw, path, "spec.policies[]", ACCEPTED_FIELDS)
+    rules = tuple(fields.strings(raw.get("rules", []), f"{path}.rules"))
+    fields.check_unique(rules, f"{path}.rules", "rule", named=False)
+    return PolicyRef(fields.required_string(raw.get("name"), f"{path}.name"), rules, path)
 
 
 def _parse_match(value: Any) -> ExceptionMatch:
     if value is None:
         return ExceptionMatch()
     path = "spec.match"
-    raw = _mapping(value, path)
-    _check_fields(raw, path, path, ACCEPTED_FIELDS)
-    resources = tuple(_parse_rule(item, f"{path}.resources[{i}]")
-                      for i, item in enumerate(_list(raw.get("resources", []), f"{path}.resources")))
-    names = tuple(_strings(raw.get("names", []), f"{path}.names"))
+    raw = fields.mapping(value, path)
+    fields.check_fields(raw, path, path, ACCEPTED_FIELDS)
+    resources = tuple(parse_rule(item, f"{path}.resources[{i}]")
+                      for i, item in enumerate(fields.array(raw.get("resources", []), f"{path}.resources")))
+    names = tuple(fields.strings(raw.get("names", []), f"{path}.names"))
     for i, item in enumerate(names):
         if not item:
             raise PolicyError(f"{path}.names[{i}]", "must not be empty")
-    selector = _parse_selector(raw.get("objectSelector"), f"{path}.objectSelector", "spec.match.objectSelector")
+    selector = parse_selector(raw.get("objectSelector"), f"{path}.objectSelector", "spec.match.objectSelector")
     return ExceptionMatch(resources, names, selector)
 
 
 def _parse_record(annotations: Mapping[str, Any]) -> Record:
     def text(key: str) -> str:
-        return _string(annotations.get(key, ""), f"metadata.annotations[{key!r}]")
+        return fields.string(annotations.get(key, ""), f"metadata.annotations[{key!r}]")
 
     def time(key: str) -> float | None:
         return parse_time(annotations[key], f"metadata.annotations[{key!r}]") if annotations.get(key) else None
@@ -216,7 +209,7 @@ def parse_time(value: Any, path: str) -> float:
     if isinstance(value, datetime.datetime):
         moment = value
     else:
-        text = _string(value, path)
+        text = fields.string(value, path)
         try:
             if "T" not in text.upper():
                 raise ValueError(text)

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from admission_policy.api import PolicyError, parse_policy
+from admission_policy.api import PolicyError, ResourceRule, parse_policy
 from admission_policy.engine import PolicyCompileError, compile_policy
 from builders import POD_RULE, policy, policy_body
 
@@ -150,3 +150,35 @@ def test_a_patch_value_that_is_not_a_json_number_is_refused(mutation: dict[str, 
     with pytest.raises(PolicyError) as caught:
         parse_policy(policy_body(mutations=[mutation]))
     assert caught.value.path == path and "not a JSON number" in caught.value.message
+
+
+# --- what a rule names: the one reading the engine, the exceptions and the routing share ------------------
+
+@pytest.mark.parametrize(("resources", "request_for", "covered"), [
+    (["pods"], ("pods", ""), True),
+    (["pods"], ("pods", "status"), False),           # the main resource only
+    (["pods/*"], ("pods", "exec"), True),
+    (["pods/*"], ("pods", ""), False),               # the subresources only, as the API server reads it
+    (["pods/status"], ("pods", "status"), True),
+    (["pods/status"], ("pods", "exec"), False),
+    (["*"], ("secrets", ""), True),
+    (["*"], ("pods", "status"), False),              # every main resource, no subresource
+    (["*/status"], ("deployments", "status"), True),
+    (["*/status"], ("deployments", "scale"), False),
+    (["*/*"], ("pods", "ephemeralcontainers"), True),
+    (["*/*"], ("pods", ""), False),
+    (["configmaps", "pods/exec"], ("pods", "exec"), True),
+])
+def test_which_requests_a_rule_covers(resources: list[str], request_for: tuple[str, str], covered: bool) -> None:
+    rule = ResourceRule(("",), ("v1",), tuple(resources), ("CREATE", "UPDATE"))
+    assert rule.covers("", "v1", *request_for, "UPDATE") is covered
+
+
+def test_a_rule_covers_only_its_groups_versions_and_operations_unless_it_says_any() -> None:
+    rule = ResourceRule(("apps",), ("v1",), ("deployments",), ("CREATE",))
+    assert rule.covers("apps", "v1", "deployments", "", "CREATE")
+    assert not rule.covers("", "v1", "deployments", "", "CREATE")
+    assert not rule.covers("apps", "v1beta1", "deployments", "", "CREATE")
+    assert not rule.covers("apps", "v1", "deployments", "", "DELETE")
+    assert ResourceRule(("*",), ("*",), ("deployments",), ("*",)).covers("extensions", "v1beta1", "deployments", "",
+                                                                          "DELETE")

@@ -9,6 +9,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
+from ..api import split_resource
 from . import client as calls
 
 logger = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ def _resources(group: str, version: str, listing: dict[str, Any]) -> list[Discov
     subresources: dict[str, list[str]] = {}
     for item in listing.get("resources", []):
         name = str(item.get("name", ""))
-        main, _, sub = name.partition("/")
+        main, sub = split_resource(name)
         if sub:
             subresources.setdefault(main, []).append(sub)
         else:

@@ -11,7 +11,7 @@ import json
 from collections.abc import Collection, Iterable
 from typing import Any, Protocol
 
-from ..api import FailurePolicy
+from ..api import FailurePolicy, split_resource
 from ..engine import CompiledPolicy, PolicySet
 from .discovery import DiscoveredResource
 
@@ -225,7 +225,7 @@ def expand(group: str, resource: str, versions: Iterable[str], index: ServedInde
     knows it: Kopf serves only the preferred version, and matchPolicy Equivalent makes the API
     server convert the others. An undiscovered one (a CRD not installed yet) keeps its versions.
     """
-    plural, _, sub = resource.partition("/")
+    plural, sub = split_resource(resource)
     if group != "*" and plural != "*":
         if (group, plural) in NEVER_ROUTED:
             return []
@@ -249,7 +249,7 @@ def expand(group: str, resource: str, versions: Iterable[str], index: ServedInde
 
 def _served(group: str, resource: str, index: ServedIndex) -> bool:
     """Whether discovery has anything routable for this group x resource pair."""
-    plural, _, sub = resource.partition("/")
+    plural, sub = split_resource(resource)
     if group != "*" and plural != "*":
         found = index.by_key.get((group, plural))
         return found is not None and (not sub or sub == "*" or sub in found.subresources)
@@ -262,7 +262,7 @@ def _candidates(group: str, plural: str, index: ServedIndex) -> list[DiscoveredR
 
 
 def plural(resource: str) -> str:
-    return resource.partition("/")[0]
+    return split_resource(resource)[0]
 
 
 def _display(group: str, resource: str) -> str:

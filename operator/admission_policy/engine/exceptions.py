@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from ..api import PolicyError, ResourceRule
+from ..api import PolicyError
 from ..cel import CelCompileError, CompiledExpression, compile_expression
 from ..policyexception import DEFAULT_CLUSTER_NAMESPACE, PolicyException, PolicyRef, format_time, within_limits
 from .compiler import CompiledPolicy
@@ -115,7 +115,7 @@ def _matches(exception: PolicyException, policy: CompiledPolicy, request: Admiss
     if match.resources:
         group, version, resource = _POD if policy.template else (request.group, request.version, request.resource)
         sub = "" if policy.template else request.sub_resource
-        if not any(_rule_matches(rule, group, version, resource, sub, request.operation) for rule in match.resources):
+        if not any(rule.covers(group, version, resource, sub, request.operation) for rule in match.resources):
             return False
     body = obj if obj is not None else old    # a DELETE: the object being deleted
     metadata = body.get("metadata") if isinstance(body, Mapping) else None
@@ -125,22 +125,6 @@ def _matches(exception: PolicyException, policy: CompiledPolicy, request: Admiss
     if not match.names_match(name):
         return False
     return match.object_selector.is_empty or match.object_selector.matches(labels_of(body))
-
-
-def _rule_matches(rule: ResourceRule, group: str, version: str, resource: str, sub: str, operation: str) -> bool:
-    """A webhook rule's meaning, as ``PolicySet`` indexes it: "pods" the main resource only,
-    "pods/*" its subresources only, "*" every main resource."""
-    if not ("*" in rule.api_groups or group in rule.api_groups):
-        return False
-    if not ("*" in rule.api_versions or version in rule.api_versions):
-        return False
-    if not ("*" in rule.operations or operation in rule.operations):
-        return False
-    for written in rule.resources:
-        main, _, written_sub = written.partition("/")
-        if main in ("*", resource) and (written_sub in ("*", sub) if sub else not written_sub):
-            return True
-    return False
 
 
 def exemption(compiled: CompiledException, policy: str, rule: str) -> Exemption:

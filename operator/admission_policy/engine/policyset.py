@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Final
 
-from ..api import ResourceRule
+from ..api import ResourceRule, split_resource
 from .compiler import CompiledPolicy
 from .request import AdmissionRequest
 
@@ -128,8 +128,7 @@ def _namespace(policy: CompiledPolicy) -> str:
 def _keys(rule: ResourceRule) -> Iterator[_Key]:
     """Index keys of a rule; "pods" is the main resource only, "pods/*" its subresources only."""
     for group, resource, operation in itertools.product(rule.api_groups, rule.resources, rule.operations):
-        main, _, sub = resource.partition("/")
-        yield group, main, sub, operation
+        yield (group, *split_resource(resource), operation)
 
 
 def _entries(policy: CompiledPolicy) -> Iterator[_Entry]:

@@ -13,9 +13,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from ..api import split_resource
 from ..cluster.client import resource_path
 from ..errors import AdmissionPolicyError
-from .rules import ANY, OPERATIONS, SCOPES, Rule, split_resource
+from .rules import ANY, OPERATIONS, SCOPES, Rule
 from .selectors import OPERATORS, Requirement, Selector
 
 GROUP: Final = "admissionregistration.k8s.io"

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from .. import api, celast, cellib
+from ..api import split_resource
 from ..cel import check, new_environment, referenced_variables
 from ..engine import CompiledPolicy
 
@@ -109,7 +110,7 @@ def _notes(compiled: CompiledPolicy, body: Mapping[str, Any]) -> list[Finding]:
                                                              f"metadata.name, operator: NotIn, values: [{names}]}}"))
     for i, rule in enumerate(policy.match.resources):
         for entry in rule.resources:
-            resource, _, subresource = entry.partition("/")
+            resource, subresource = split_resource(entry)
             if subresource == "*" and resource not in rule.resources:
                 notes.append(Finding(f"spec.match.resources[{i}].resources",
                                      f"{entry!r} in a ValidatingAdmissionPolicy rule also matches {resource!r} "

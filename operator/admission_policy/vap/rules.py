@@ -63,12 +63,6 @@ class Rule:
 EVERYTHING: Final = Rule((ANY,), (ANY,), ((ANY, ANY),), (ANY,))
 
 
-def split_resource(entry: str) -> Resource:
-    """"pods/status" → ("pods", "status"); "pods" → ("pods", "")."""
-    resource, _, subresource = entry.partition("/")
-    return resource, subresource
-
-
 def meet(a: Rule, b: Rule) -> Rule | None:
     """The routing rule matching exactly what both match (names and scope aside), or None."""
     groups, versions = _common(a.groups, b.groups), _common(a.versions, b.versions)
