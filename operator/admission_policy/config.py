@@ -1,5 +1,8 @@
 """Operator settings, read once from the environment (the Helm chart sets them).
 
+Beside the engine rather than in ``operator/``: the CLI reads the same settings (the namespaces
+the operator exempts, break-glass, defaults) to give the same answers, without the Kopf glue.
+
 One frozen object keeps configuration out of module globals, so tests build
 their own and nothing changes behind the handlers' backs at runtime.
 
@@ -7,7 +10,7 @@ Each field carries its :class:`Setting` (environment variable, ``admission-polic
 parser, meaning), so that ``from_env``, the flags of ``run`` and docs/configuration.md are one
 list and cannot drift apart. Regenerate the page after changing a setting::
 
-    python -m admission_policy.operator.config > docs/configuration.md
+    python -m admission_policy.config > docs/configuration.md
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from ..api import FailurePolicy
-from ..cluster.routing import BREAK_GLASS_LABEL
+from .api import FailurePolicy
+from .cluster.routing import BREAK_GLASS_LABEL
 
 Parser = Callable[[str, str], Any]   # (value, variable name) -> value; its ValueError names the variable
 
@@ -138,7 +141,7 @@ def _log_level(raw: str, name: str) -> str:
 
 
 def _feature_gates(raw: str, name: str) -> str:
-    from .. import features
+    from . import features
     try:
         features.parse(raw)
     except features.FeatureGateError as exc:
@@ -345,8 +348,8 @@ def markdown_table() -> str:
     return "\n".join([
         "# Configuration",
         "",
-        "<!-- Generated from operator/admission_policy/operator/config.py: do not edit. Regenerate with",
-        "     python -m admission_policy.operator.config > docs/configuration.md -->",
+        "<!-- Generated from operator/admission_policy/config.py: do not edit. Regenerate with",
+        "     python -m admission_policy.config > docs/configuration.md -->",
         "",
         "The operator reads its settings from environment variables (what the Helm chart sets), or from the",
         "flags of `admission-policy run`, which win over them. An empty variable means the default, except",

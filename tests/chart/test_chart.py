@@ -17,7 +17,7 @@ from chart_render import CHART_DIR, NAMESPACE, RELEASE, ROOT, SCENARIOS, crd_doc
 
 from admission_policy import features
 from admission_policy.cluster.routing import BREAK_GLASS_LABEL
-from admission_policy.operator.config import SETTINGS, OperatorConfig
+from admission_policy.config import SETTINGS, OperatorConfig
 
 ROOT_CRDS = ROOT / "crds"
 # Kopf's peering CRD is the chart's own: the repository's crds/ holds only the project's.

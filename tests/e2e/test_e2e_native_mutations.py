@@ -29,8 +29,7 @@ from pykube.objects import APIObject, NamespacedAPIObject
 from replay import SUITES, Json, Server, Stage, Stages, Suite, check, touched_paths
 
 from admission_policy.cluster.routing import ServedIndex
-from admission_policy.engine import Phase
-from admission_policy.operator.store import load_policy
+from admission_policy.engine import Phase, load_policy
 from admission_policy.vap import mutating, native
 from builders import decide, object_request, policy_body, rule
 

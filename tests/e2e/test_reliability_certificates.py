@@ -45,8 +45,8 @@ from e2e_kube import (
 from replicas import Replicas, replicas
 from traffic import Figures, PolicyDriver, Timeline, Traffic, Variant, report, scaled
 
+from admission_policy.config import OperatorConfig
 from admission_policy.operator import certificates
-from admission_policy.operator.config import OperatorConfig
 
 pytestmark = pytest.mark.e2e
 

@@ -16,12 +16,12 @@ from kubernetes_asyncio import client
 
 from admission_policy.cluster.discovery import DiscoveredResource
 from admission_policy.cluster.routing import RouteRule
+from admission_policy.config import OperatorConfig
 from admission_policy.operator.certificates import (
     SERVING_LIFETIME,
     bundle_from_secret_data,
     ensure_certificates,
 )
-from admission_policy.operator.config import OperatorConfig
 from admission_policy.operator.webhookconfig import (
     apply_configurations,
     build_mutating_configuration,

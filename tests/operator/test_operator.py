@@ -316,8 +316,8 @@ async def test_a_certificate_near_expiry_is_renewed_with_both_cas_trusted(
     import datetime
     import os
 
+    from admission_policy.config import OperatorConfig
     from admission_policy.operator import certificates
-    from admission_policy.operator.config import OperatorConfig
 
     settings = OperatorConfig.from_env(os.environ)
     hosts = certificates.serving_hosts(settings)

@@ -41,9 +41,8 @@ from admission_policy import api
 from admission_policy.cluster import watch as cluster_watch
 from admission_policy.cluster.client import new_api_client
 from admission_policy.cluster.discovery import Discovery
-from admission_policy.engine import PolicySet
+from admission_policy.engine import PolicySet, load_policy
 from admission_policy.operator import sources
-from admission_policy.operator.store import load_policy
 from builders import policy_body
 
 CMS = "configmaps/v1"   # how statuses and metrics name the ConfigMaps source

@@ -12,9 +12,9 @@ import pytest
 from admission_policy import reports
 from admission_policy.cluster import listing
 from admission_policy.cluster.discovery import DiscoveredResource
+from admission_policy.config import OperatorConfig
 from admission_policy.engine import AdmissionRequest, Decision, Finding, PolicyOutcome, PolicySet
 from admission_policy.operator import audit, handoff, metrics
-from admission_policy.operator.config import OperatorConfig
 from admission_policy.operator.store import PolicyStore
 from builders import object_request, policy, rule
 

@@ -13,6 +13,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
+from admission_policy.config import OperatorConfig
 from admission_policy.operator.certificates import (
     CA_LIFETIME,
     SERVING_LIFETIME,
@@ -25,7 +26,6 @@ from admission_policy.operator.certificates import (
     serving_hosts,
     write_files,
 )
-from admission_policy.operator.config import OperatorConfig
 
 NOW = datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC)
 SETTINGS = OperatorConfig(advertise_host="192.168.49.1")

@@ -13,9 +13,8 @@ from click.testing import CliRunner
 
 import builders
 from admission_policy.cli import main
-from admission_policy.engine import PolicySet, evaluate, parse_review
+from admission_policy.engine import PolicySet, evaluate, load_policy, parse_review
 from admission_policy.engine.inputs import StaticInputs
-from admission_policy.operator.store import load_policy
 
 ROOT = Path(__file__).parents[2]
 CONFIGMAPS = {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["configmaps"]}

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from admission_policy.cli import main
 from admission_policy.cluster.routing import ServedIndex, break_glass_condition
-from admission_policy.operator.config import OperatorConfig
-from admission_policy.operator.store import load_policy
+from admission_policy.config import OperatorConfig
+from admission_policy.engine import load_policy
 from admission_policy.vap import native
 from builders import policy_body, rule
 

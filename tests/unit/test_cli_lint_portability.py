@@ -11,7 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from admission_policy.cli import main
-from admission_policy.operator.store import load_policy
+from admission_policy.engine import load_policy
 from admission_policy.vap.portability import BASELINE, KubernetesCel, Portability, portability
 from builders import POD_RULE, policy_body, rule
 

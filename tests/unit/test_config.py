@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from admission_policy.operator.config import SETTINGS, OperatorConfig, default_text, markdown_table
+from admission_policy.config import SETTINGS, OperatorConfig, default_text, markdown_table
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -180,8 +180,8 @@ def test_bad_audit_settings_name_the_variable(name: str, raw: str) -> None:
 def test_docs_configuration_is_generated_from_the_settings() -> None:
     committed = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert committed == markdown_table(), (
-        "docs/configuration.md is out of date with operator/admission_policy/operator/config.py; regenerate it:\n"
-        "    python -m admission_policy.operator.config > docs/configuration.md")
+        "docs/configuration.md is out of date with operator/admission_policy/config.py; regenerate it:\n"
+        "    python -m admission_policy.config > docs/configuration.md")
 
 
 def test_the_docs_table_lists_every_setting_once_with_its_flag() -> None:

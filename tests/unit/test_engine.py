@@ -13,6 +13,7 @@ import pytest
 
 from admission_policy import api, cel, celast
 from admission_policy.cli.documents import load_policies
+from admission_policy.config import OperatorConfig
 from admission_policy.engine import (
     Phase,
     PolicySet,
@@ -23,7 +24,6 @@ from admission_policy.engine import (
 )
 from admission_policy.engine.background import FAIL, Forks, audit_object
 from admission_policy.engine.request import MAX_JSON_DEPTH
-from admission_policy.operator.config import OperatorConfig
 from builders import POD_RULE, decide, namespace_object, pod, policy, request
 
 NO_OFFENSIVE = {"expression": "!object.metadata.name.contains('offensive')", "message": "forbidden name"}

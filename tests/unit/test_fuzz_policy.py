@@ -19,13 +19,13 @@ from hypothesis import event, example, given, settings, target
 from hypothesis import strategies as st
 
 from admission_policy.api import PolicyError, parse_policy
+from admission_policy.config import OperatorConfig
 from admission_policy.engine import (
     CompiledPolicy,
     PolicyCompileError,
     build_response,
     compile_policy,
 )
-from admission_policy.operator.config import OperatorConfig
 from builders import CREATE_POD_RULE, container, decide, pod, policy, request
 from jsonpaths import Path, get, paths
 

@@ -12,9 +12,8 @@ import pytest
 from admission_policy import api
 from admission_policy.api import PolicyError, parse_policy
 from admission_policy.cluster.discovery import DiscoveredResource
-from admission_policy.engine import CompiledPolicy, PolicySet, compile_policy
-from admission_policy.operator.config import OperatorConfig
-from admission_policy.operator.store import load_policy
+from admission_policy.config import OperatorConfig
+from admission_policy.engine import CompiledPolicy, PolicySet, compile_policy, load_policy
 from admission_policy.operator.tenancy import COST_SIZES, tenant_problems
 from builders import decide, deployment, namespace_object, pod, policy, policy_body, request, rule
 

@@ -21,8 +21,7 @@ import yaml
 from admission_policy import api, plugins
 from admission_policy.cel import CelEvaluationError, compile_expression, new_activation
 from admission_policy.cluster.routing import NOT_OWN_CRD, ServedIndex
-from admission_policy.engine import Phase, compile_policy
-from admission_policy.operator.store import load_policy
+from admission_policy.engine import Phase, compile_policy, load_policy
 from admission_policy.vap import mutating, native
 from builders import decide, object_request, policy_body, rule
 

@@ -13,7 +13,7 @@ import yaml
 from admission_policy import api
 from admission_policy.cluster.discovery import DiscoveredResource
 from admission_policy.cluster.routing import NOT_OWN_CRD, ServedIndex, break_glass_condition
-from admission_policy.operator.store import load_policy
+from admission_policy.engine import load_policy
 from admission_policy.vap import native
 from admission_policy.vap.objects import POLICY
 from builders import POD_RULE, policy_body, rule

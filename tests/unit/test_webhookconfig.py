@@ -16,7 +16,7 @@ from admission_policy.cluster.routing import (
     never_judged,
     unserved_resources,
 )
-from admission_policy.operator.config import OperatorConfig
+from admission_policy.config import OperatorConfig
 from admission_policy.operator.webhookconfig import (
     RECORD_OR_SPEC_WRITTEN,
     SPEC_WRITTEN,

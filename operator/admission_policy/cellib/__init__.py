@@ -3,24 +3,24 @@
 One module per library, each exporting ``LIBRARY`` (``library.Library``); opaque types
 (``net.IP``, ``kubernetes.Quantity`` …) are protobuf messages declared in ``types``. The
 ``cel`` module adds every library here to the environment policies are checked in, so a new
-library is one module and one name in ``_MODULES``.
+library is one module, imported here and named in ``_MODULES``.
 """
 from __future__ import annotations
 
-import importlib
+from types import ModuleType
 from typing import Final
 
+from . import authz, formats, lists, net, quantity, regex, semver, urls
 from .library import Function, Library, Overload, declarations, extension, function, implementations, overload
 from .types import may_hold_opaque, opaque, pool, to_plain
 
-_MODULES: Final = ("net", "urls", "regex", "semver", "formats", "quantity", "lists", "authz")
+_MODULES: Final[tuple[ModuleType, ...]] = (net, urls, regex, semver, formats, quantity, lists, authz)
 
 
 def libraries() -> tuple[Library, ...]:
     """Each module's ``LIBRARY``, and its ``OURS`` where it has this project's additions apart."""
     found: list[Library] = []
-    for name in _MODULES:
-        module = importlib.import_module(f"{__name__}.{name}")
+    for module in _MODULES:
         found += [module.LIBRARY] + ([module.OURS] if hasattr(module, "OURS") else [])
     return tuple(found)
 

@@ -18,9 +18,9 @@ import click
 
 from .. import api, reports
 from ..authorization import Authorization, Unanswered
+from ..config import OperatorConfig
 from ..engine import CompiledPolicy, ExceptionSet, Inputs, PolicySet
 from ..engine.background import FAIL, PASS, AuditResult, Resource, audit_object, audits, background_request
-from ..operator.config import OperatorConfig
 from .authorizer import HINT
 from .documents import DocumentError, documents_in, is_exception, kubernetes_objects
 from .requests import is_namespaced, namespace_object, resource_of

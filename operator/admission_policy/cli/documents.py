@@ -13,10 +13,9 @@ import click
 import yaml
 
 from .. import api, policyexception
-from ..engine import CompiledException, CompiledPolicy, PolicyCompileError, compile_exception
+from ..config import SETTINGS
+from ..engine import CompiledException, CompiledPolicy, PolicyCompileError, compile_exception, load_policy
 from ..errors import AdmissionPolicyError
-from ..operator.config import SETTINGS
-from ..operator.store import load_policy
 
 SUFFIXES = (".yaml", ".yml", ".json")
 Found = tuple[str, dict[str, Any]]   # where an object was read ("file#2 items[0]"), and the object

@@ -16,8 +16,8 @@ from typing import Any, Final
 
 from .. import api
 from ..cluster.routing import ServedIndex, break_glass_condition, plural
+from ..config import OperatorConfig
 from ..engine import CompiledPolicy
-from ..operator.config import OperatorConfig
 from ..vap import native
 from ..vap.portability import Finding
 from .documents import DocumentError, compile_document, documents_in, duplicate_policy, policy_kind

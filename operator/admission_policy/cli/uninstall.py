@@ -1,5 +1,7 @@
-"""``admission-policy cleanup``'s second half: delete every Validating- and MutatingAdmissionPolicy
-and binding that native enforcement generated (``vap/native.py`` labels them, ``operator/native.py`` writes them).
+"""What ``admission-policy cleanup`` (the chart's uninstall hook) deletes: the operator's webhook
+configurations (``remove_configurations``), and every Validating- and MutatingAdmissionPolicy and
+binding that native enforcement generated (``vap/native.py`` labels them, ``operator/native.py``
+writes them).
 
 Left behind, they would go on enforcing policies whose operator is gone, and their finalizer
 would keep them terminating for ever once deleted. Each is found by the managed-by label, its
@@ -15,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Mapping
 from typing import Any, Final, Protocol
+
+from kubernetes_asyncio import client
 
 from ..cluster.client import message_of, served_version
 from ..vap import native as generate
@@ -137,3 +141,19 @@ async def _reread(call: Call, version: str, kind: str, name: str, what: str,
         removal.failed.append(f"{what}: reading it again failed: {exc}")
         return None
     return found[0] if found else None
+
+
+async def remove_configurations(api_client: client.ApiClient, name: str) -> list[str]:
+    """Delete the webhook configurations ``name`` (both kinds); absent ones are fine. Returns the kinds
+    deleted."""
+    registrations = client.AdmissionregistrationV1Api(api_client)
+    deleted = []
+    for kind, delete in (("ValidatingWebhookConfiguration", registrations.delete_validating_webhook_configuration),
+                         ("MutatingWebhookConfiguration", registrations.delete_mutating_webhook_configuration)):
+        try:
+            await delete(name)
+            deleted.append(kind)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+    return deleted

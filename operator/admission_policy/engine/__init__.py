@@ -4,7 +4,7 @@ Data flows one way: spec → ``compile_policy`` → ``PolicySet`` → ``evaluate
 → ``build_response``. Params and context come in as plain data (``Inputs``), like the namespace;
 AdmissionPolicyExceptions as an ``ExceptionSet``, built once like the ``PolicySet``.
 """
-from .compiler import CompiledPolicy, PolicyCompileError, compile_policy
+from .compiler import CompiledPolicy, PolicyCompileError, compile_policy, load_policy
 from .evaluation import Decision, Finding, Phase, PolicyOutcome, evaluate
 from .exceptions import CompiledException, ExceptionCompileError, ExceptionSet, Exemption, compile_exception
 from .inputs import Inputs, Listing, NoInputs, StaticInputs
@@ -37,5 +37,6 @@ __all__ = [
     "encode_patch",
     "error_response",
     "evaluate",
+    "load_policy",
     "parse_review",
 ]

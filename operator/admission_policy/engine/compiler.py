@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from .. import api, celcost, features
@@ -213,6 +213,22 @@ def compile_policy(policy: api.AdmissionPolicy, *, registry: plugin_api.Registry
     )
     _release_cold_programs(compiled)
     return _with_pod_controllers(compiled)
+
+
+def load_policy(body: Mapping[str, Any], default_failure_policy: api.FailurePolicy,
+                tenant_plugins: Collection[str] = ()) -> CompiledPolicy:
+    """A policy object (``body``) → compiled policy, or PolicyCompileError / api.PolicyError with every
+    problem: what the operator, the webhook that checks policies, the CLI and the conversions all
+    load a policy with. A NamespacedAdmissionPolicy may call only the plugins the cluster admin
+    allows (``tenant_plugins``: the operator's setting AP_TENANT_PLUGINS)."""
+    compiled = compile_policy(api.parse_policy(body, default_failure_policy=default_failure_policy))
+    if compiled.policy.namespace is not None:
+        for bound in compiled.plugins():
+            if bound.name not in tenant_plugins:
+                allowed = ", ".join(tenant_plugins) or "none"
+                raise api.PolicyError(bound.path, f"plugin {bound.name!r} is not allowed in a {api.NAMESPACED_KIND} "
+                                                  f"(the cluster admin allows: {allowed}; setting AP_TENANT_PLUGINS)")
+    return compiled
 
 
 def _with_pod_controllers(compiled: CompiledPolicy) -> CompiledPolicy:

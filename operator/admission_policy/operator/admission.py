@@ -19,13 +19,13 @@ from ..authorization import Authorization
 from ..cluster.client import call_json, message_of, resource_path
 from ..cluster.discovery import DiscoveredResource
 from ..cluster.routing import never_judged
-from ..engine import Decision, Phase, PolicyCompileError, evaluate
+from ..engine import Decision, Phase, PolicyCompileError, evaluate, load_policy
 from ..engine.exceptions import compile_exception
 from ..engine.request import AdmissionRequest
 from . import authorizer, exceptionreview, metrics
 from .apart import run_apart
 from .state import Operator, operator
-from .store import error_text, load_policy
+from .store import error_text
 from .tenancy import tenant_problems
 from .webhook import current_exchange
 

@@ -32,6 +32,7 @@ from ..cluster.client import call_json, message_of
 from ..cluster.discovery import DiscoveredResource, Discovery
 from ..cluster.listing import ListingError, display, list_objects
 from ..cluster.routing import listable_resources, routes
+from ..config import OperatorConfig
 from ..engine import AdmissionRequest, CompiledPolicy, Decision, ExceptionSet, Inputs, PolicySet
 from ..engine.background import (
     FAIL,
@@ -45,7 +46,6 @@ from ..engine.background import (
 )
 from . import handoff, metrics
 from .apart import run_apart
-from .config import OperatorConfig
 from .reportwriter import ReportBook
 from .store import PolicyStore, policy_path
 

@@ -31,8 +31,8 @@ from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes, Pub
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from admission_policy.config import OperatorConfig
 from admission_policy.errors import AdmissionPolicyError
-from admission_policy.operator.config import OperatorConfig
 
 logger = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from .. import features, plugins
 from ..cluster.client import new_api_client
 from ..cluster.discovery import Discovery
 from ..cluster.routing import BREAK_GLASS_LABEL
+from ..config import OperatorConfig
 from . import audit, certificates, exceptionstatus, metrics, native, reconcile, registration, state, watcher
-from .config import OperatorConfig
 from .events import PolicyEvents
 from .rotation import CertificateRotation
 from .sources import Sources

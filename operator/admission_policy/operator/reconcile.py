@@ -19,12 +19,12 @@ import kopf
 
 from .. import api
 from ..cluster.routing import NOT_SERVED, routes, unserved_resources
-from ..engine import CompiledPolicy, PolicyCompileError
+from ..engine import CompiledPolicy, PolicyCompileError, load_policy
 from . import conditions, native
 from .policyio import list_policies, write_status
 from .sources import InputProblems
 from .state import REGISTRATION_TIMEOUT, Operator, now, operator
-from .store import error_text, load_policy, object_key
+from .store import error_text, object_key
 
 logger = logging.getLogger(__name__)
 

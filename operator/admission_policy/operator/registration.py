@@ -19,8 +19,8 @@ from kubernetes_asyncio import client
 from ..cluster.discovery import Discovery
 from ..cluster.routing import all_routes
 from ..cluster.watch import watch_objects
+from ..config import OperatorConfig
 from ..engine import PolicySet
-from .config import OperatorConfig
 from .store import PolicyStore
 from .webhookconfig import (
     apply_configurations,
@@ -146,18 +146,3 @@ def _brief(error: Exception) -> str:
     if isinstance(error, client.ApiException):
         return f"{error.status} {error.reason}"
     return str(error) or type(error).__name__
-
-
-async def remove_configurations(api_client: client.ApiClient, name: str) -> list[str]:
-    """Delete both configurations (uninstall); absent ones are fine. Returns what was deleted."""
-    registrations = client.AdmissionregistrationV1Api(api_client)
-    deleted = []
-    for kind, delete in (("ValidatingWebhookConfiguration", registrations.delete_validating_webhook_configuration),
-                         ("MutatingWebhookConfiguration", registrations.delete_mutating_webhook_configuration)):
-        try:
-            await delete(name)
-            deleted.append(kind)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
-    return deleted

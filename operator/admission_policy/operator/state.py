@@ -13,8 +13,8 @@ import kopf
 from kubernetes_asyncio import client
 
 from ..cluster.discovery import Discovery
+from ..config import OperatorConfig
 from . import audit, certificates
-from .config import OperatorConfig
 from .decisions import DecisionLog
 from .events import PolicyEvents
 from .peering import leads_peering

@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import api
 from ..cluster.client import resource_path
-from ..engine import CompiledPolicy, PolicyCompileError, PolicySet, compile_policy
+from ..engine import PolicyCompileError, PolicySet, load_policy
 from ..engine.exceptions import CompiledException, ExceptionSet, compile_exception
 from ..policyexception import PolicyException, parse_exception
 
@@ -28,20 +28,6 @@ class Rejected:
     """A generation that failed to load; the previous good one, if any, stays enforced."""
     generation: int
     message: str
-
-
-def load_policy(body: Mapping[str, Any], default_failure_policy: api.FailurePolicy,
-                tenant_plugins: Collection[str] = ()) -> CompiledPolicy:
-    """spec → compiled policy, or PolicyCompileError / api.PolicyError with every problem. A
-    NamespacedAdmissionPolicy may call only the plugins the cluster admin allows (``tenant_plugins``)."""
-    compiled = compile_policy(api.parse_policy(body, default_failure_policy=default_failure_policy))
-    if compiled.policy.namespace is not None:
-        for bound in compiled.plugins():
-            if bound.name not in tenant_plugins:
-                allowed = ", ".join(tenant_plugins) or "none"
-                raise api.PolicyError(bound.path, f"plugin {bound.name!r} is not allowed in a {api.NAMESPACED_KIND} "
-                                                  f"(the cluster admin allows: {allowed}; setting AP_TENANT_PLUGINS)")
-    return compiled
 
 
 def policy_path(key: str) -> str:

@@ -16,8 +16,8 @@ from typing import Final
 from .. import api, celcost
 from ..cluster.discovery import DiscoveredResource
 from ..cluster.routing import plural
+from ..config import OperatorConfig
 from ..engine import CompiledPolicy
-from .config import OperatorConfig
 
 # The request a tenant policy's cost is estimated on: 64 KiB with up to 1,024 items in a list (a
 # large Deployment). Absolute figures only matter against AP_TENANT_MAX_COST, whose default is

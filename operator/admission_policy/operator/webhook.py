@@ -46,8 +46,8 @@ import kopf
 import orjson
 from kopf._core.engines import admission as kopf_admission
 
+from ..config import OperatorConfig
 from ..engine import AdmissionRequest, Decision, ReviewError, build_response, decode_review, parse_review
-from .config import OperatorConfig
 from .webhookconfig import (
     MUTATE_EXCEPTION_PATH,
     MUTATE_PATH,

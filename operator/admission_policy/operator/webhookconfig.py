@@ -33,7 +33,7 @@ from ..cluster.routing import (
     plural,
     subtract,
 )
-from .config import OperatorConfig
+from ..config import OperatorConfig
 
 logger = logging.getLogger(__name__)
 

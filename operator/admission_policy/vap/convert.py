@@ -20,9 +20,8 @@ from typing import Any, Final
 
 from .. import api
 from ..cel import CelCompileError
-from ..engine import PolicyCompileError
+from ..engine import PolicyCompileError, load_policy
 from ..engine.podcontrollers import pod_rules
-from ..operator.store import load_policy
 from . import matching
 from .objects import (
     BINDING,

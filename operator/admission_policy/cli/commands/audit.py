@@ -11,8 +11,8 @@ import click
 import yaml
 
 from ... import api, features
+from ...config import OperatorConfig
 from ...engine import ExceptionSet
-from ...operator.config import OperatorConfig
 from ..authorizer import combined, read_answers
 from ..documents import DocumentError, checked_exceptions, dump_json, load_exceptions, load_policies, read_documents
 from ..options import gates_option, input_options, now_option, parse_now, read_inputs, use_gates

@@ -36,8 +36,7 @@ def cleanup_command(name: str) -> None:
     import asyncio
 
     from ...cluster.client import call_json, new_api_client
-    from ...operator.registration import remove_configurations
-    from ..uninstall import Removal, remove_generated
+    from ..uninstall import Removal, remove_configurations, remove_generated
 
     async def remove() -> tuple[list[str] | None, Removal | None, list[str]]:
         webhooks: list[str] | None = None   # None: could not be deleted (a problem says why)

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from ...operator.config import SETTINGS, OperatorConfig
+from ...config import SETTINGS, OperatorConfig
 from ..output import fail
 
 # What `run` names them, so that no --name finds what it wrote: the same variable and default.
@@ -34,7 +34,7 @@ def cleanup_webhooks_command(name: str) -> None:
     import asyncio
 
     from ...cluster.client import new_api_client
-    from ...operator.registration import remove_configurations
+    from ..uninstall import remove_configurations
 
     async def remove() -> list[str]:
         api_client = await new_api_client()

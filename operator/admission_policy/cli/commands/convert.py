@@ -10,7 +10,7 @@ from typing import NoReturn
 
 import click
 
-from ...operator.config import SETTINGS
+from ...config import SETTINGS
 from ..documents import DocumentError
 from ..output import fail
 

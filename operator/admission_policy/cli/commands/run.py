@@ -7,13 +7,13 @@ from typing import Any
 
 import click
 
-from ...operator.config import SETTINGS, OperatorConfig, default_text
+from ...config import SETTINGS, OperatorConfig, default_text
 from ..output import fail
 
 
 def config_options(fn: Any) -> Any:
     """One option per setting of ``OperatorConfig``, named by its ``Setting.flag``: the flags, the
-    variables and docs/configuration.md are the one list in operator/config.py."""
+    variables and docs/configuration.md are the one list in config.py."""
     for name, setting in reversed(list(SETTINGS.items())):  # click lists options in reverse order of decoration
         default = default_text(name).replace("`", "")
         fn = click.option(setting.flag, name, default=None,
