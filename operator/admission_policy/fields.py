@@ -83,7 +83,6 @@ def required_string(value: Any, path: str) -> str:
     return text
 
 
-
 def type_name(value: Any) -> str:
     if value is None:
         return "nothing"
