@@ -53,7 +53,6 @@ from admission_policy.engine import (
     evaluate,
     parse_review,
 )
-from admission_policy.engine import evaluation as evaluation_module
 from admission_policy.engine.patching import diff
 from admission_policy.operator.sources import SourceCache, Sources
 from common import EXAMPLES, SERVER_CORE, emit, pin, rss_mb
@@ -97,8 +96,11 @@ class Recorder:
         self._activations: dict[int, int] = {}                      # id(activation) → index
 
     def record(self, policy_set: PolicySet, request: Any, phase: Phase) -> None:
-        # The two names evaluate() calls, swapped for recording ones in this process only.
-        original_new = getattr(evaluation_module, "new_activation")  # noqa: B009  (not re-exported)
+        # The two names evaluate() calls, swapped for recording ones in this process only; imported
+        # here, as ``--against`` runs this file on older revisions, without ``engine.scope``.
+        from admission_policy.engine import scope as scope_module
+
+        original_new = getattr(scope_module, "new_activation")  # noqa: B009  (not re-exported)
         original_eval = cel.CompiledExpression.evaluate
         recorder = self
 
@@ -112,12 +114,12 @@ class Recorder:
             recorder.runs.append((expression, recorder._activations[id(activation)]))
             return original_eval(expression, activation, **options)
 
-        setattr(evaluation_module, "new_activation", new_activation)  # noqa: B010
+        setattr(scope_module, "new_activation", new_activation)  # noqa: B010
         setattr(cel.CompiledExpression, "evaluate", evaluate_expression)  # noqa: B010
         try:
             evaluate(policy_set, request, NAMESPACE, phase)
         finally:
-            setattr(evaluation_module, "new_activation", original_new)  # noqa: B010
+            setattr(scope_module, "new_activation", original_new)  # noqa: B010
             setattr(cel.CompiledExpression, "evaluate", original_eval)  # noqa: B010
 
     def activation_us(self, seconds: float) -> float:

@@ -12,7 +12,7 @@ cost, so neither is one refused here for what it would cost on a large object; o
 expression that is unbounded by construction is: one whose estimate on an object of one
 character already exceeds Kubernetes' per-call limit (a value doubled at each of many steps),
 which Kubernetes would stop on every request. Large requests are the engine's concern at run
-time (``engine.evaluation``, ``celfork``).
+time (``engine.scope``, ``celfork``).
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ ResultKind = Literal["bool", "string", "any"]
 UNIT: Final = celcost.Sizes(size=1, items=1)
 PER_CALL_LIMIT: Final = 1_000_000
 # Run time: all of a policy's expressions together, estimated for the request at hand before the
-# policy runs; over it, the policy runs apart, bounded in memory and time (engine/evaluation.py).
+# policy runs; over it, the policy runs apart, bounded in memory and time (engine/scope.py).
 POLICY_BUDGET: Final = 50_000_000
 # The parser's nesting limit (cel-cpp's default): parentheses, calls, operators in a chain.
 PARSER_DEPTH: Final = 32

@@ -21,7 +21,7 @@ The families, by where they are raised:
 - a request that cannot be evaluated: ``engine.request.ReviewError``;
 - one policy failing on one request (its ``failurePolicy`` decides): ``cel.CelEvaluationError``,
   ``engine.patching.PatchError``, ``engine.inputs.InputsError``,
-  ``engine.evaluation.PluginCallError`` (wrapping ``engine.plugincalls.PluginFault``, which
+  ``engine.plugincalls.PluginCallError`` (wrapping ``engine.plugincalls.PluginFault``, which
   names what the plugin raised: ``plugins.StaleData`` …);
 - Go's and Kubernetes' own errors, which CEL functions surface as evaluation errors
   (``cellib``: QuantityError, FormatError, RegexError, NetipError, UrlError);

@@ -926,12 +926,12 @@ def test_runtime_errors_say_what_they_usually_mean() -> None:
 
 
 def test_an_unexpected_failure_inside_a_policy_never_escapes(monkeypatch: pytest.MonkeyPatch) -> None:
-    from admission_policy.engine import evaluation
+    from admission_policy.engine import scope
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise KeyError("boom")
 
-    monkeypatch.setattr(evaluation, "new_activation", broken)
+    monkeypatch.setattr(scope, "new_activation", broken)
     for failure_policy, allowed in (("Fail", False), ("Ignore", True)):
         decision = decide([policy(failurePolicy=failure_policy, validations=[{"expression": "true"}])], request(pod()))
         assert decision.allowed is allowed
@@ -943,7 +943,7 @@ def test_a_variable_holding_an_opaque_value_keeps_its_type(apart: bool, monkeypa
     """``variables.q.isLessThan(…)`` as in a ValidatingAdmissionPolicy: a quantity, an IP bound
     as a variable are not their text to the expressions that read them (nor from a child process)."""
     if apart:   # every policy over its budget: evaluated in a forked child, values pickled back
-        monkeypatch.setattr("admission_policy.engine.evaluation.POLICY_BUDGET", -1)
+        monkeypatch.setattr("admission_policy.engine.scope.POLICY_BUDGET", -1)
     p = policy(variables=[{"name": "q", "expression": "quantity('1500m')"},
                           {"name": "ip", "expression": "ip('10.0.0.1')"}],
                validations=[{"expression": "variables.q.isLessThan(quantity('1'))",
@@ -1006,7 +1006,7 @@ def test_a_caller_that_may_not_wait_for_a_child_gets_no_decision_but_forks(monke
     p = policy(validations=[{"expression": "object.metadata.name != 'bad'"}])
     cheap = evaluate(PolicySet([p]), request(pod("bad")), may_fork=False)
     assert not cheap.forks and not cheap.allowed
-    monkeypatch.setattr("admission_policy.engine.evaluation.POLICY_BUDGET", -1)   # every policy over it
+    monkeypatch.setattr("admission_policy.engine.scope.POLICY_BUDGET", -1)   # every policy over it
     costly = evaluate(PolicySet([p]), request(pod("bad")), may_fork=False)
     assert costly.forks and costly.outcomes == ()
     assert not evaluate(PolicySet([p]), request(pod("bad"))).forks

@@ -5,12 +5,13 @@ Data flows one way: spec → ``compile_policy`` → ``PolicySet`` → ``evaluate
 AdmissionPolicyExceptions as an ``ExceptionSet``, built once like the ``PolicySet``.
 """
 from .compiler import CompiledPolicy, PolicyCompileError, compile_policy, load_policy
-from .evaluation import Decision, Finding, Phase, PolicyOutcome, evaluate
+from .evaluation import Phase, evaluate
 from .exceptions import CompiledException, ExceptionCompileError, ExceptionSet, Exemption, compile_exception
 from .inputs import Inputs, Listing, NoInputs, StaticInputs
 from .policyset import PolicySet
 from .request import AdmissionRequest, ReviewError, decode_review, parse_review
 from .response import build_response, encode_patch, error_response
+from .verdicts import Decision, Finding, PolicyOutcome
 
 __all__ = [
     "AdmissionRequest",

@@ -26,11 +26,12 @@ from typing import Any, Final
 
 from ..authorization import Authorization, Unanswered
 from .compiler import CompiledPolicy
-from .evaluation import Finding, Phase, evaluate
+from .evaluation import Phase, evaluate
 from .exceptions import ExceptionSet, Exemption
 from .inputs import Inputs
 from .policyset import PolicySet
 from .request import AdmissionRequest
+from .verdicts import Finding
 
 OPERATION: Final = "CREATE"
 UID_PREFIX: Final = "background-"

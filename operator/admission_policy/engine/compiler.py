@@ -79,8 +79,8 @@ class CompiledPolicy:
     validations: tuple[CompiledValidation, ...]
     mutations: tuple[CompiledMutation, ...]
     validation_batch: CompiledExpression | None = None   # see _validation_batch
-    reads_managed_fields: bool = False   # see evaluation._bound
-    reads_authorizer: bool = False       # bound only for the policies that name it (see evaluation)
+    reads_managed_fields: bool = False   # see scope._bound
+    reads_authorizer: bool = False       # bound only for the policies that name it (see scope.View)
     # Estimated cost of all expressions by request sizes (rounded up to powers of two): see cost().
     costs: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict, repr=False)
     # Pod controllers (``podcontrollers``): a Pod policy holds the policies derived from it for the

@@ -45,6 +45,16 @@ class PluginFault(AdmissionPolicyError):
     """A plugin call without a usable answer; the message names the plugin."""
 
 
+class PluginCallError(AdmissionPolicyError):
+    """A plugin that raised, overran its time budget or returned something else than documented:
+    an evaluation error of the policy that called it (its failurePolicy decides)."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+
+
 class CallStopped(BaseException):
     """Raised in a worker whose call overran. A BaseException: a plugin's ``except Exception``
     does not swallow it."""

@@ -5,7 +5,7 @@ import base64
 import json
 from typing import Any
 
-from .evaluation import Decision
+from .verdicts import Decision
 
 
 def build_response(decision: Decision, uid: str, api_version: str = "admission.k8s.io/v1") -> dict[str, Any]:

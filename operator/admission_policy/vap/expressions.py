@@ -117,7 +117,7 @@ def uses_optionals(source: str) -> bool:
 
 def template_changed(location: Location) -> dict[str, str]:
     """The match condition that skips an UPDATE leaving the Pod template as it was, as the webhook
-    does (``evaluation._template_changed``): scaling or relabelling a workload whose template the
+    does (``engine.selection``): scaling or relabelling a workload whose template the
     policy refuses must keep working. Plain CEL, for every Kubernetes."""
     def template(name: str) -> str:
         steps = [name + "".join(f".{key}" for key in location[:i + 1]) for i in range(len(location))]

@@ -56,7 +56,7 @@ ACTIONS: Final[Mapping[str, str]] = {"Enforce": "Deny", "Warn": "Warn", "Audit":
 # ValidatingAdmissionPolicy: v1 from Kubernetes 1.30, v1beta1 from 1.28 (behind its gate until 1.30).
 VALIDATING_VERSIONS: Final = ("v1", "v1beta1")
 _PLACES: Final[Mapping[Location, str]] = {(): "policy", POD_TEMPLATE: "podtemplate", JOB_TEMPLATE: "jobtemplate"}
-# The webhook's words for a Pod template's failure (``engine.evaluation``): the workload's kind and
+# The webhook's words for a Pod template's failure (``engine.assembly``): the workload's kind and
 # name (or generateName), then the message.
 _TEMPLATE_OF: Final = (
     "'the Pod template of ' + request.kind.kind + (request.name != '' ? ' \"' + request.name + '\"' : "
