@@ -14,7 +14,7 @@ import dataclasses
 import math
 import re
 from collections.abc import Mapping
-from typing import Any, Final, Literal, TypeAlias, cast
+from typing import Any, Final, Literal, NamedTuple, TypeAlias, cast
 
 from . import fields
 from .fields import PolicyError as PolicyError  # callers know it as api.PolicyError
@@ -336,7 +336,7 @@ class ExceptionRules:
 class AdmissionPolicy:
     """A policy as parsed: immutable and already checked field by field, so the compiler and the
     engine never meet a malformed spec. Its CEL is not compiled yet (``engine.compile_policy``)."""
-    name: str
+    name: str   # str(self.key): how the engine, reports and metrics name it ("namespace/name": a tenant's)
     generation: int
     description: str
     enforcement: Enforcement
@@ -361,17 +361,21 @@ class AdmissionPolicy:
     # IfNeeded: its mutations run again when a later policy changed the object, as the API server
     # reinvokes a webhook or a MutatingAdmissionPolicy with this field (their default: Never).
     reinvocation_policy: ReinvocationPolicy = "Never"
-    # A NamespacedAdmissionPolicy's namespace (its ``name`` is "namespace/name"); None: cluster-wide.
+    # A NamespacedAdmissionPolicy's namespace; None: cluster-wide.
     namespace: str | None = None
 
     @property
+    def key(self) -> PolicyKey:
+        return PolicyKey(self.kind, self.namespace, self.object_name)
+
+    @property
     def kind(self) -> str:
-        return kind_of(self.name)
+        return KIND if self.namespace is None else NAMESPACED_KIND
 
     @property
     def object_name(self) -> str:
         """``metadata.name``: the name without the namespace."""
-        return self.name.rpartition("/")[2]
+        return PolicyKey.parse(self.name).name
 
     def rule_names(self) -> tuple[str, ...]:
         """The validations' and mutations' names: what an exception may name to waive."""
@@ -455,7 +459,7 @@ def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionP
         param_ref=param_ref,
         context=context,
         namespace=namespace,
-        name=name if namespace is None else f"{namespace}/{name}",
+        name=str(PolicyKey(NAMESPACED_KIND if namespace else KIND, namespace, name)),
         generation=generation,
         description=description,
         enforcement=cast(Enforcement, enforcement),
@@ -491,9 +495,33 @@ def _check_tenant(namespace: str, match: Match, param_ref: ParamRef | None, cont
                                                      f"{NAMESPACED_KIND} reads objects of its own namespace only")
 
 
-def kind_of(name: str) -> str:
-    """The kind of the policy a name names: "namespace/name" is a NamespacedAdmissionPolicy's."""
-    return NAMESPACED_KIND if "/" in name else KIND
+class PolicyKey(NamedTuple):
+    """Who one of our objects is: its kind, its namespace (None: cluster-scoped) and its name.
+
+    ``str(key)``, "name" or "namespace/name", is the name the stores, the engine's outcomes, the
+    reports, metrics, events and logs give it, as client-go keys its caches; ``parse`` reads it
+    back. Only this class writes or splits that text.
+    """
+    kind: str
+    namespace: str | None
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+    @classmethod
+    def parse(cls, text: str, kind: str | None = None) -> PolicyKey:
+        """The key ``str`` made. A policy's kind follows from it (a namespace: a tenant's policy)."""
+        namespace, _, name = text.rpartition("/")
+        return cls(kind or (NAMESPACED_KIND if namespace else KIND), namespace or None, name)
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any], kind: str | None = None) -> PolicyKey:
+        """The key of an object read from the API (``kind``: when its body does not say it)."""
+        metadata = body.get("metadata") or {}
+        namespace = metadata.get("namespace") or None
+        found = kind or body.get("kind") or (NAMESPACED_KIND if namespace else KIND)
+        return cls(str(found), None if namespace is None else str(namespace), str(metadata.get("name", "")))
 
 
 def object_header(root: Mapping[str, Any], kind: str) -> tuple[Mapping[str, Any], str, int]:

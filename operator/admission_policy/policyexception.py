@@ -121,7 +121,7 @@ class PolicyException:
     @property
     def key(self) -> str:
         """``namespace/name``, as warnings, reports and messages name it."""
-        return f"{self.namespace}/{self.name}"
+        return str(api.PolicyKey(KIND, self.namespace, self.name))
 
     @property
     def approved(self) -> bool:

@@ -43,6 +43,18 @@ def test_a_tenant_policy_is_named_after_its_namespace() -> None:
     assert parsed.kind == api.NAMESPACED_KIND and parsed.object_name == "no-bad"
 
 
+def test_a_policy_key_names_the_kind_and_reads_back_from_its_text() -> None:
+    """The text reports, metrics and events carry ("team-a/no-bad") reads back to the same policy,
+    and the key of an object read from the API is the key of the policy parsed from it."""
+    body = tenant_body("no-bad", validations=[NO_BAD])
+    key = parse_policy(body).key
+    assert key == api.PolicyKey(api.NAMESPACED_KIND, TEAM, "no-bad") == api.PolicyKey.of(body)
+    assert str(key) == "team-a/no-bad" and api.PolicyKey.parse(str(key)) == key
+    cluster = parse_policy(policy_body("no-bad", validations=[NO_BAD])).key
+    assert (str(cluster), cluster.kind, cluster.namespace) == ("no-bad", api.KIND, None)
+    assert api.PolicyKey.parse("no-bad") == cluster
+
+
 def test_a_cluster_policy_is_unchanged() -> None:
     parsed = parse_policy(policy_body("no-bad", validations=[NO_BAD],
                                       context=[{"name": "cms", "version": "v1", "resource": "configmaps"}]))

@@ -227,7 +227,7 @@ def policy_name(document: Document) -> str:
     metadata = document.body.get("metadata") if isinstance(document.body, Mapping) else None
     namespace = metadata.get("namespace") if isinstance(metadata, Mapping) else None
     tenant = document.kind == api.NAMESPACED_KIND and isinstance(namespace, str) and namespace
-    return f"{namespace}/{name}" if name and tenant else name
+    return str(api.PolicyKey(document.kind, namespace, name)) if name and tenant else name
 
 
 def object_name(body: Any) -> str:

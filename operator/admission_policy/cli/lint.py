@@ -66,7 +66,8 @@ def lint_policies(paths: Iterable[str], now: float | None = None) -> list[LintRe
 
 def _lint_exception(document: Document, policies: list[api.AdmissionPolicy], now: float) -> LintResult:
     metadata = document.body.get("metadata") if isinstance(document.body, dict) else None
-    name = f"{metadata.get('namespace', '')}/{object_name(document.body)}" if isinstance(metadata, dict) else ""
+    name = str(api.PolicyKey(policyexception.KIND, str(metadata.get("namespace", "")), object_name(document.body))) \
+        if isinstance(metadata, dict) else ""
     try:
         compiled = compile_exception_document(document)
     except DocumentError as exc:

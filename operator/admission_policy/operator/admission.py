@@ -121,9 +121,9 @@ async def _validate_policy(*, tenant: bool) -> None:
     except (api.PolicyError, PolicyCompileError, _NoDiscovery) as error:
         problems = [error_text(error)]
     if problems:
-        kind, name = (api.NAMESPACED_KIND, f"{request.namespace}/{request.name}") if tenant else \
-            (api.KIND, request.name)
-        message = f"{kind} {name!r} is invalid: {'; '.join(problems)}"
+        key = api.PolicyKey(api.NAMESPACED_KIND, request.namespace, request.name) if tenant else \
+            api.PolicyKey(api.KIND, None, request.name)
+        message = f"{key.kind} {str(key)!r} is invalid: {'; '.join(problems)}"
         exchange.decision = Decision(allowed=False, code=422, reason="Invalid", message=message)
         op.decisions.refused_policy(request, message)
         return
@@ -173,7 +173,7 @@ async def validate_exception(**_: Any) -> None:
             problems += policyexception.check_exception(exception, (c.policy for c in op.store.policies), now)
     may_approve, review_error = await _may_approve(op, request)
     refusal = exceptionreview.refusal(request, now, may_approve=may_approve)
-    key = f"{request.namespace}/{request.name}"
+    key = api.PolicyKey(policyexception.KIND, request.namespace, request.name)
     if problems:
         message = f"AdmissionPolicyException {key} is invalid: {'; '.join(problems)}"
         exchange.decision = Decision(allowed=False, code=422, reason="Invalid", message=message)

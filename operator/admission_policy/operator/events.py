@@ -72,9 +72,9 @@ class PolicyEvents:
                           reason: str, message: str) -> None:
         """An event about the policy ``policy`` names: "name", or "namespace/name" for a
         NamespacedAdmissionPolicy, whose events belong to its namespace."""
-        namespace, _, name = policy.rpartition("/")
-        await self.post(api_client, name, uid, type_=type_, reason=reason, message=message,
-                        kind=api.kind_of(policy), namespace=namespace)
+        key = api.PolicyKey.parse(policy)
+        await self.post(api_client, key.name, uid, type_=type_, reason=reason, message=message,
+                        kind=key.kind, namespace=key.namespace or "")
 
     async def run(self, api_client: client.ApiClient, uid_of: Callable[[str], str | None]) -> None:
         """Post the denials counted in each interval."""

@@ -172,9 +172,9 @@ async def _write_changed(op: Operator, written: dict[str, Mapping[str, Any]], no
             leads = await op.reconciles()
         if not leads:
             return
-        namespace, _, name = key.partition("/")
+        exception = api.PolicyKey.parse(key, KIND)
         await client.CustomObjectsApi(op.api_client).patch_namespaced_custom_object_status(
-            api.GROUP, api.VERSION, namespace, PLURAL, name, {"status": patch},
+            api.GROUP, api.VERSION, exception.namespace or "", PLURAL, exception.name, {"status": patch},
             _content_type="application/merge-patch+json")  # type: ignore[call-arg]  # a dict is not a JSON Patch
         written[key] = patch
         old_state = seen.status.get("state")
@@ -191,11 +191,11 @@ def _holds(status: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
 
 async def _announce(op: Operator, key: str, uid: str, old_state: Any, patch: Mapping[str, Any]) -> None:
     """One event and one log line per change of state: where `kubectl describe ape` shows them."""
-    namespace, _, name = key.partition("/")
+    exception = api.PolicyKey.parse(key, KIND)
     state = patch["state"]
     active = next(c for c in patch["conditions"] if c["type"] == ACTIVE)
     message = f"{old_state or '(new)'} → {state}: {active['message']}"
     reason = {"Active": "Activated"}.get(state, state)
     logger.info("AdmissionPolicyException %s: %s", key, message)
-    await op.events.post(op.api_client, name, uid, type_="Warning" if state == "Invalid" else "Normal",
-                         reason=reason, message=message, kind=KIND, namespace=namespace)
+    await op.events.post(op.api_client, exception.name, uid, type_="Warning" if state == "Invalid" else "Normal",
+                         reason=reason, message=message, kind=KIND, namespace=exception.namespace or "")

@@ -191,7 +191,8 @@ async def sync(op: Operator) -> Served:
         except asyncio.CancelledError:
             raise
         except Exception as exc:   # one policy's trouble holds up no other
-            logger.warning("Native enforcement of %s %s failed, retrying: %s", api.kind_of(name), name, exc)
+            logger.warning("Native enforcement of %s %s failed, retrying: %s", api.PolicyKey.parse(name).kind, name,
+                           exc)
             continue
         if status is not None:
             written.append((status, wanted))
@@ -213,10 +214,10 @@ async def sync(op: Operator) -> Served:
 
 def _body(op: Operator, name: str) -> dict[str, Any]:
     """A loaded policy as far as native enforcement reads it: who it is, and its status."""
-    namespace, _, short = name.rpartition("/")
-    metadata = {"name": short, "uid": op.store.uids.get(name, ""), "generation": op.store.generations[name]}
-    if namespace:
-        metadata["namespace"] = namespace
+    key = api.PolicyKey.parse(name)
+    metadata = {"name": key.name, "uid": op.store.uids.get(name, ""), "generation": op.store.generations[name]}
+    if key.namespace:
+        metadata["namespace"] = key.namespace
     return {"metadata": metadata, "status": op.store.statuses.get(name, ({}, ""))[0]}
 
 
@@ -383,7 +384,7 @@ class _Status:
         else:
             raise RuntimeError(f"the status of {self.name} kept changing during {MAX_CONFLICTS} attempts")
         if wanted.native and old.get("enforcedBy") != "Native":
-            logger.info("%s %s: enforced natively (%s)", api.kind_of(self.name), self.name, wanted.message)
+            logger.info("%s %s: enforced natively (%s)", api.PolicyKey.parse(self.name).kind, self.name, wanted.message)
             await op.events.post_policy(op.api_client, self.name, self.body["metadata"].get("uid"), type_="Normal",
                                         reason="EnforcedNatively", message=wanted.message)
             metrics.NATIVE_SWITCHES.labels(to="Native").inc()
@@ -401,7 +402,8 @@ async def _hand_back(op: Operator, status: _Status, wanted: Wanted) -> None:
     """Status Webhook, then wait until the webhook configurations route the policy again."""
     await status.write(op, wanted)
     await _await_routes(op, status.name, None)
-    logger.info("%s %s: handed back to the webhooks (%s)", api.kind_of(status.name), status.name, wanted.message)
+    logger.info("%s %s: handed back to the webhooks (%s)", api.PolicyKey.parse(status.name).kind, status.name,
+                wanted.message)
     await op.events.post_policy(op.api_client, status.name, status.body["metadata"].get("uid"), type_="Normal",
                                 reason="EnforcedByWebhook", message=wanted.message)
     metrics.NATIVE_SWITCHES.labels(to="Webhook").inc()
@@ -451,9 +453,9 @@ def _owner(obj: Mapping[str, Any]) -> str:
     if generate.POLICY_ANNOTATION in annotations:
         return str(annotations[generate.POLICY_ANNOTATION])
     labels = obj.get("metadata", {}).get("labels") or {}
-    name = labels.get(generate.POLICY_NAME_LABEL, "")
-    namespace = labels.get(generate.POLICY_NAMESPACE_LABEL)
-    return f"{namespace}/{name}" if namespace else name
+    namespace = labels.get(generate.POLICY_NAMESPACE_LABEL) or None
+    kind = api.KIND if namespace is None else api.NAMESPACED_KIND
+    return str(api.PolicyKey(kind, namespace, labels.get(generate.POLICY_NAME_LABEL, "")))
 
 
 def _holds(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:

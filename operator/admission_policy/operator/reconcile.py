@@ -272,7 +272,7 @@ async def delete(body: kopf.Body, status: kopf.Status, **_: Any) -> None:
     if not await op.store.wait_unregistered(name, REGISTRATION_TIMEOUT):
         raise kopf.TemporaryError("the webhook configurations still route this policy", delay=5)
     await native.remove(op, name)   # Kubernetes' own objects go with it
-    logger.info("%s %s: unrouted; releasing the finalizer", api.kind_of(name), name)
+    logger.info("%s %s: unrouted; releasing the finalizer", api.PolicyKey.parse(name).kind, name)
 
 
 async def _announce(op: Operator, body: kopf.Body, old_phase: str | None,
@@ -283,6 +283,6 @@ async def _announce(op: Operator, body: kopf.Body, old_phase: str | None,
     name = object_key(body)
     message = f"{old_phase or '(new)'} → {observation.phase}: {observation.ready.message}"
     warning = observation.phase in ("Failed", "Degraded") or observation.ready.reason == conditions.REGISTRATION_LOST
-    logger.log(logging.WARNING if warning else logging.INFO, "%s %s: %s", api.kind_of(name), name, message)
+    logger.log(logging.WARNING if warning else logging.INFO, "%s %s: %s", api.PolicyKey.parse(name).kind, name, message)
     await op.events.post_policy(op.api_client, name, body.metadata.uid, type_="Warning" if warning else "Normal",
                                 reason=observation.phase, message=message)

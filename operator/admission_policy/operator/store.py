@@ -32,17 +32,14 @@ class Rejected:
 
 def policy_path(key: str) -> str:
     """The API path of the policy named ``key`` (see ``object_key``)."""
-    namespace, _, name = key.rpartition("/")
-    return resource_path(api.GROUP, api.VERSION, api.NAMESPACED_PLURAL if namespace else api.PLURAL,
-                         namespace=namespace, name=name)
+    policy = api.PolicyKey.parse(key)
+    plural = api.PLURAL if policy.namespace is None else api.NAMESPACED_PLURAL
+    return resource_path(api.GROUP, api.VERSION, plural, namespace=policy.namespace or "", name=policy.name)
 
 
 def object_key(body: Mapping[str, Any]) -> str:
-    """How the stores, the engine and the reports name an object of ours: "name" for an
-    AdmissionPolicy, "namespace/name" for a NamespacedAdmissionPolicy or an exception."""
-    metadata = body.get("metadata") or {}
-    name, namespace = str(metadata.get("name", "")), metadata.get("namespace")
-    return f"{namespace}/{name}" if namespace else name
+    """How the stores, the engine and the reports name an object of ours (``api.PolicyKey``)."""
+    return str(api.PolicyKey.of(body))
 
 
 def error_text(error: Exception) -> str:
@@ -127,14 +124,14 @@ class PolicyStore:
             self.rejected[name] = Rejected(generation, error_text(error))
             kept = f"generation {self.generations[name]} stays enforced" if name in self.generations else "not enforced"
             logger.warning("%s %s: generation %d does not compile (%s): %s",
-                           api.kind_of(name), name, generation, kept, error_text(error))
+                           api.PolicyKey.parse(name).kind, name, generation, kept, error_text(error))
             return
         self.rejected.pop(name, None)
         self.policies = self.policies.replace(compiled)
         self._changed_policies()
         self.generations[name] = generation
         self.uids[name] = str(metadata.get("uid", ""))
-        logger.info("%s %s: generation %d loaded", api.kind_of(name), name, generation)
+        logger.info("%s %s: generation %d loaded", api.PolicyKey.parse(name).kind, name, generation)
         self.changed.set()
 
     def apply(self, kind: str, body: Mapping[str, Any]) -> None:
@@ -154,7 +151,7 @@ class PolicyStore:
             self._changed_policies()
             del self.generations[name]
             self.uids.pop(name, None)
-            logger.info("%s %s: no longer enforced: %s", api.kind_of(name), name, why)
+            logger.info("%s %s: no longer enforced: %s", api.PolicyKey.parse(name).kind, name, why)
             self.changed.set()
 
     def _observe_native(self, name: str, status: Any) -> None:
@@ -170,7 +167,7 @@ class PolicyStore:
             del self.native_scopes[name]
         else:
             self.native_scopes[name] = scope
-        logger.info("%s %s: enforced by %s", api.kind_of(name), name,
+        logger.info("%s %s: enforced by %s", api.PolicyKey.parse(name).kind, name,
                     "the webhooks" if scope is None else "Kubernetes (generated ValidatingAdmissionPolicy)"
                     + (f", but in {', '.join(sorted(scope))}" if scope else ""))
         self._changed_policies()
