@@ -47,8 +47,8 @@ SELECTOR_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist")
 PARAMETER_NOT_FOUND_ACTIONS: Final = ("Allow", "Deny")
 CONTEXT_SCOPES: Final = ("All", "RequestNamespace")
 # Objects one context may hold: its declared maxObjects, by default DEFAULT_MAX_OBJECTS. CEL runs at
-# most 10,000 loop steps per evaluation (celcost.ITERATION_LIMIT), so a longer list could not be
-# read whole; the cap also bounds the compile-time cost estimate (see ``celcost``).
+# most 10,000 loop steps per evaluation (estimation.ITERATION_LIMIT), so a longer list could not be
+# read whole; the cap also bounds the compile-time cost estimate (see ``cel.estimation``).
 DEFAULT_MAX_OBJECTS: Final = 1_000
 MAX_OBJECTS_LIMIT: Final = 10_000
 POD_CONTROLLERS: Final = ("Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "Job", "CronJob",

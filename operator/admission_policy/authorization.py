@@ -9,7 +9,7 @@ answers them and evaluates again. An error CEL absorbs (``false && …``) loses 
 did not depend on that check.
 
 ``answering`` makes an ``Authorization`` the one in effect for the CEL functions
-(``cellib.authz``) while an evaluation runs, through a context variable: the functions are
+(``cel.lib.authz``) while an evaluation runs, through a context variable: the functions are
 registered once per process, and a context variable is what they can see per evaluation.
 """
 from __future__ import annotations
@@ -166,7 +166,7 @@ class Unanswered(AdmissionPolicyError):
 class Asking:
     """One evaluation's authorization in effect, and the checks it had no answer for.
 
-    A policy run in a child process (``celfork``) records its missing checks in the child's
+    A policy run in a child process (``cel.fork``) records its missing checks in the child's
     memory, which the parent never sees; so the error text of a missing check also carries the
     check, after a token only this evaluation knows (an expression cannot forge it), and
     ``unanswered`` reads it back from the errors the evaluation recorded."""

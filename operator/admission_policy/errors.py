@@ -24,13 +24,13 @@ The families, by where they are raised:
   ``engine.plugincalls.PluginCallError`` (wrapping ``engine.plugincalls.PluginFault``, which
   names what the plugin raised: ``plugins.StaleData`` …);
 - Go's and Kubernetes' own errors, which CEL functions surface as evaluation errors
-  (``cellib``: QuantityError, FormatError, RegexError, NetipError, UrlError);
+  (``cel.lib``: QuantityError, FormatError, RegexError, NetipError, UrlError);
 - authorizer checks without an answer where none can be asked (a scan, the CLI):
   ``authorization.Unanswered``;
 - settings, the cluster and input files: ``features.FeatureGateError``,
   ``operator.certificates.CertificateError``, ``cluster.listing.ListingError``,
   ``cli.documents.DocumentError``;
-- ``celast.AstError``: a compiled CEL program in a form this package cannot read (the CEL
+- ``cel.syntax.AstError``: a compiled CEL program in a form this package cannot read (the CEL
   library's upgrade, not the user's mistake).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 33: a policy evaluated in a forked child (``celfork``) must not stall the replica.
+"""Issue 33: a policy evaluated in a forked child (``cel.fork``) must not stall the replica.
 
 The parent waits for the child on a thread of its own (``operator/apart.py``), so while one
 user's 1.2 MiB ConfigMap is judged by a costly policy, the event loop goes on answering other

@@ -30,7 +30,7 @@ from admission_policy.authorization import (
     Subject,
     answering,
 )
-from admission_policy.cellib import authz
+from admission_policy.cel.lib import authz
 from admission_policy.cli import main
 from admission_policy.cli.authorizer import DeclaredAnswers, parse_answer, parse_answers
 from admission_policy.cli.documents import DocumentError
@@ -274,7 +274,7 @@ def test_without_an_authorization_a_check_is_the_policys_evaluation_error() -> N
 
 
 def test_a_missing_check_is_read_back_from_the_error_of_a_child_process() -> None:
-    """A policy run apart (celfork) records its checks in the child; the error text brings them back,
+    """A policy run apart (cel.fork) records its checks in the child; the error text brings them back,
     and only to the evaluation that made them."""
     with answering(Answers()) as asking:
         message = evaluation_error("authorizer.path('/x').check('get').allowed()", **authz.bindings(REQUEST))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from celcases import compile_error, evaluate, evaluation_error
 
-from admission_policy.cellib.formats import FORMATS
+from admission_policy.cel.lib.formats import FORMATS
 
 
 def errors(name: str, value: str) -> list[str]:

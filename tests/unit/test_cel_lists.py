@@ -210,7 +210,7 @@ def test_cel_go_lists_types_are_checked(source: str) -> None:
     assert "no matching overload" in compile_error(source)
 
 
-LONG = list(range(100))   # more than one chunk of celast.linearize's accumulation
+LONG = list(range(100))   # more than one chunk of syntax.linearize's accumulation
 
 
 @pytest.mark.parametrize(("source", "expected"), [

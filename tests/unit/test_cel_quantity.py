@@ -15,7 +15,7 @@ from celcases import compile_error, evaluate, evaluation_error
 
 from admission_policy.api import Expression
 from admission_policy.cel import compile_expression, new_activation
-from admission_policy.cellib.quantity import FORMAT_WRONG, MAX_DIGITS, NUMERIC, SUFFIX, canonical, parse_quantity
+from admission_policy.cel.lib.quantity import FORMAT_WRONG, MAX_DIGITS, NUMERIC, SUFFIX, canonical, parse_quantity
 
 INT64_MAX = 2**63 - 1
 

@@ -14,7 +14,7 @@ from celcases import evaluate, evaluation_error
 from admission_policy import cel
 from admission_policy.api import Expression
 from admission_policy.cel import CelCompileError
-from admission_policy.cellib import regex
+from admission_policy.cel.lib import regex
 
 
 def _illegal(code: str, expr: str) -> str:

@@ -192,7 +192,7 @@ def _quoted_paths() -> Iterator[tuple[pathlib.Path, str]]:
 @pytest.mark.parametrize(("page", "path"), list(_quoted_paths()),
                          ids=lambda value: str(value.relative_to(ROOT)) if isinstance(value, pathlib.Path) else value)
 def test_every_module_the_docs_name_exists(page: pathlib.Path, path: str) -> None:
-    """`engine/background.py`, `operator/sources.py`, `cellib/`: where the package's modules move, the docs follow."""
+    """`engine/background.py`, `operator/sources.py`, `cel/lib/`: where the package's modules move, the docs follow."""
     places = [ROOT, ROOT / "operator", ROOT / "operator" / "admission_policy", page.parent, ROOT / "bench"]
     assert any((place / path).exists() for place in places), f"{path}: no such file or directory"
 

@@ -11,7 +11,8 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from admission_policy import api, cel, celast
+from admission_policy import api
+from admission_policy.cel import environment, syntax
 from admission_policy.cli.documents import load_policies
 from admission_policy.config import OperatorConfig
 from admission_policy.engine import (
@@ -633,7 +634,7 @@ def wide_pod(containers: int) -> dict[str, Any]:
 
 
 def test_map_and_filter_results_are_unchanged_by_linear_accumulation() -> None:
-    """The rewritten accumulation (celast.linearize) gives the same items in the same order, on
+    """The rewritten accumulation (syntax.linearize) gives the same items in the same order, on
     both sides of its chunk size, nested, with filters whose conditions loop over maps."""
     cases = {
         "object.spec.containers.map(c, c.name)": lambda names: names,
@@ -656,7 +657,7 @@ def test_map_and_filter_results_are_unchanged_by_linear_accumulation() -> None:
 
 
 def test_bound_maps_read_through_their_identifiers_give_the_same_results() -> None:
-    """What celast.inline_bound_maps rewrites (a validation batch's ``variables``) keeps its
+    """What syntax.inline_bound_maps rewrites (a validation batch's ``variables``) keeps its
     meaning, also where a comprehension binds the map's name or its identifiers again."""
     cases = {
         "cel.bind(m, {'a': 1}, m.a)": 1,
@@ -678,9 +679,9 @@ def test_bound_maps_read_through_their_identifiers_give_the_same_results() -> No
 
 def test_a_validation_batch_reads_its_variables_without_the_map() -> None:
     source = "cel.bind(v, 1, cel.bind(variables, {'v': v}, variables.v == 1 && [2].all(x, variables.v < x)))"
-    tree = celast.Checked.decode(cel._environment(0).compile(source).serialize())
-    assert celast.inline_bound_maps(tree)
-    assert "variables" not in {node.name for node in celast.walk(tree.root) if node.kind == "ident"}
+    tree = syntax.Checked.decode(environment._environment(0).compile(source).serialize())
+    assert syntax.inline_bound_maps(tree)
+    assert "variables" not in {node.name for node in syntax.walk(tree.root) if node.kind == "ident"}
 
 
 def _peak_rss_growth_mb(code: str) -> float:
@@ -716,11 +717,12 @@ def test_a_map_over_5000_items_takes_memory_linear_in_the_items() -> None:
 
 
 def test_estimated_cost_of_a_map_grows_linearly_with_the_items() -> None:
-    from admission_policy import cel, celcost
+    from admission_policy import cel
     from admission_policy.api import Expression
+    from admission_policy.cel import estimation
     compiled = cel.compile_expression(Expression("object.spec.containers.map(c, c.name).size() >= 0", "p"))
-    small, _ = compiled.estimate(celcost.Sizes(10_000, 1_000))
-    large, _ = compiled.estimate(celcost.Sizes(20_000, 2_000))
+    small, _ = compiled.estimate(estimation.Sizes(10_000, 1_000))
+    large, _ = compiled.estimate(estimation.Sizes(20_000, 2_000))
     assert 1.9 < large / small < 2.1
 
 

@@ -18,8 +18,8 @@ from celcases import evaluate
 from hypothesis import given
 from hypothesis import strategies as st
 
-from admission_policy import api, celast
-from admission_policy.cel import CelEvaluationError, check
+from admission_policy import api
+from admission_policy.cel import CelEvaluationError, check, syntax
 from admission_policy.cli.documents import read_documents
 from admission_policy.cli.suite import SuiteResult, is_suite, run_suite
 from admission_policy.vap.lowering import NotLowerable, lower_optionals, plain_environment
@@ -266,8 +266,8 @@ def _expressions(doc: Any) -> list[api.Expression]:
 
 def _assert_plain(lowered: str) -> None:
     """Compiles without optional syntax; no optional call, entry or value left."""
-    tree = celast.Checked.decode(check(plain_environment(), lowered).serialize())
-    for node in celast.walk(tree.root):
+    tree = syntax.Checked.decode(check(plain_environment(), lowered).serialize())
+    for node in syntax.walk(tree.root):
         assert not (node.kind == "call" and node.name in OPTIONAL_CALLS), lowered
         assert not any(entry.optional for entry in node.entries), lowered
 

@@ -7,9 +7,9 @@ import re
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
-from .. import api, celcost, features
+from .. import api, features
 from .. import plugins as plugin_api
-from ..cel import CelCompileError, CompiledExpression, compile_expression, referenced_variables
+from ..cel import CelCompileError, CompiledExpression, compile_expression, estimation, referenced_variables
 from ..errors import AdmissionPolicyError
 from . import podcontrollers
 
@@ -121,14 +121,14 @@ class CompiledPolicy:
                 yield mutation.condition
             yield from (op.value for op in mutation.operations if op.value is not None)
 
-    def cost(self, sizes: celcost.Sizes) -> float:
-        """What evaluating the whole policy can cost on a request of at most ``sizes`` (``celcost``):
+    def cost(self, sizes: estimation.Sizes) -> float:
+        """What evaluating the whole policy can cost on a request of at most ``sizes`` (``cel.estimation``):
         every expression once, each variable once. Cached by sizes rounded up to powers of two."""
         key = (_power_of_two(sizes.size), _power_of_two(sizes.items))
         if key not in self.costs:
             if len(self.costs) >= 64:
                 self.costs.clear()
-            self.costs[key] = _estimate_all(self, celcost.Sizes(*key))
+            self.costs[key] = _estimate_all(self, estimation.Sizes(*key))
         return self.costs[key]
 
 
@@ -161,8 +161,8 @@ def compile_policy(policy: api.AdmissionPolicy, *, registry: plugin_api.Registry
         enabled = gates.enabled("PythonPlugins") and gates.enabled(gate)
         return BoundPlugin(plugin, config, ref.path, enabled, gate)
 
-    # What each variable returns, estimated, for the expressions that read it (``celcost``).
-    results: dict[str, celcost.Value] = {}
+    # What each variable returns, estimated, for the expressions that read it (``cel.estimation``).
+    results: dict[str, estimation.Value] = {}
     caps = context_caps(policy)
 
     def build(expression: api.Expression | None, kind: Any = "any") -> CompiledExpression | None:
@@ -179,7 +179,7 @@ def compile_policy(policy: api.AdmissionPolicy, *, registry: plugin_api.Registry
     for variable in policy.variables:
         variables[variable.name] = built = build(variable.expression)
         # One that failed still counts, as large as the request, for those that read it.
-        results[variable.name] = built.result if built else celcost.Value(math.inf, math.inf)
+        results[variable.name] = built.result if built else estimation.Value(math.inf, math.inf)
     validations = [(v, build(v.expression, "bool"), build(v.message_expression, "string"),
                     bind(v.plugin, "validator")) for v in policy.validations]
     mutations = [(m, build(m.condition, "bool"),
@@ -346,8 +346,8 @@ def context_caps(policy: api.AdmissionPolicy) -> dict[str, int]:
     return {entry.name: entry.max_objects for entry in policy.context}
 
 
-def _estimate_all(policy: CompiledPolicy, sizes: celcost.Sizes) -> float:
-    results: dict[str, celcost.Value] = {}
+def _estimate_all(policy: CompiledPolicy, sizes: estimation.Sizes) -> float:
+    results: dict[str, estimation.Value] = {}
     caps = context_caps(policy.policy)
     total = 0.0
     for name, variable in policy.variables.items():

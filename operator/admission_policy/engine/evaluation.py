@@ -84,7 +84,7 @@ def evaluate(
     ``now``: seconds since the epoch that expiry is judged at (the real time by default).
 
     ``may_fork``: whether a policy too costly on this request to run here may run in a child
-    process (``celfork``), which this thread then waits for. The event loop must not wait, so the
+    process (``cel.fork``), which this thread then waits for. The event loop must not wait, so the
     webhook passes False: the result is then no decision but ``forks``, as soon as a policy needs
     a child, and the webhook evaluates again with True on a thread of its own.
     """

@@ -18,8 +18,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from .. import api, celast
-from ..cel import CompiledExpression
+from .. import api
+from ..cel import CompiledExpression, syntax
 
 Location = tuple[str, ...]   # the keys from a workload to its Pod template
 
@@ -178,7 +178,7 @@ def pod_only_read(expression: CompiledExpression) -> str | None:
     """Why an expression cannot hold for a template (it reads a Pod's ``status`` or a field of
     ``metadata`` only a live Pod has), or None. Read from the checked tree, so that a string
     literal or a comment that says ``object.status`` is not taken for a read of it."""
-    for node in celast.walk(expression.tree().root):
+    for node in syntax.walk(expression.tree().root):
         read = selected(node)
         if read is None:
             continue
@@ -192,7 +192,7 @@ def pod_only_read(expression: CompiledExpression) -> str | None:
     return None
 
 
-def selected(node: celast.Expr) -> tuple[celast.Expr, str] | None:
+def selected(node: syntax.Expr) -> tuple[syntax.Expr, str] | None:
     """(operand, field) for ``a.f``, ``has(a.f)``, ``a.?f`` and ``a['f']``."""
     if node.kind == "select" and node.target is not None:
         return node.target, node.name
@@ -202,5 +202,5 @@ def selected(node: celast.Expr) -> tuple[celast.Expr, str] | None:
     return None
 
 
-def _is_object(node: celast.Expr) -> bool:
+def _is_object(node: syntax.Expr) -> bool:
     return node.kind == "ident" and node.name in ("object", "oldObject")

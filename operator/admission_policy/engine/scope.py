@@ -9,8 +9,8 @@ policy's view, with its variables computed lazily.
 Before a policy runs, the request must fit it: objects CEL can read (``MAX_DEPTH``), and the
 caller's deadline not passed (also checked before each expression); otherwise ``Abort`` and the
 policy's failurePolicy decides, with a message that says which limit it was. Its size never
-refuses a request: a policy whose estimated cost on it is over ``POLICY_BUDGET`` (``celcost``)
-runs apart, in a child process bounded in memory and by the deadline (``celfork``), and is
+refuses a request: a policy whose estimated cost on it is over ``POLICY_BUDGET`` (``cel.estimation``)
+runs apart, in a child process bounded in memory and by the deadline (``cel.fork``), and is
 judged for real.
 """
 from __future__ import annotations
@@ -21,9 +21,8 @@ import time
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Final, NamedTuple, TypeVar
 
-from .. import celcost, celfork
-from ..cel import POLICY_BUDGET, CelEvaluationError, CompiledExpression, new_activation
-from ..cellib import authz
+from ..cel import POLICY_BUDGET, CelEvaluationError, CompiledExpression, estimation, fork, new_activation
+from ..cel.lib import authz
 from . import plugincalls
 from .compiler import BoundPlugin, CompiledPolicy
 from .inputs import Inputs, describe
@@ -37,7 +36,7 @@ from .verdicts import PluginCall, PolicyVerdict, Work
 # overflows the thread's stack (8 MB) and kills the process. The API server accepts custom
 # resources up to 10,000 levels deep, so deeper than this a policy cannot read the object.
 MAX_DEPTH: Final = 2_000
-# How long an expression run apart (``celfork``) may take when the caller set no deadline (the CLI).
+# How long an expression run apart (``cel.fork``) may take when the caller set no deadline (the CLI).
 UNBOUNDED_SECONDS: Final = 60.0
 
 _Made = TypeVar("_Made")
@@ -143,12 +142,12 @@ class View:
             activation = self._made[key] = new_activation({**self.bindings(policy), "variables": {}})
         return activation
 
-    def sizes(self, exact: bool) -> celcost.Sizes | str:
+    def sizes(self, exact: bool) -> estimation.Sizes | str:
         """Bounds of what the policies read: the largest bound object's size and, with ``exact``,
         the most items in one of its lists or maps (else the size bounds both); or why CEL cannot
         read them. ``marshal`` (C, ~3 µs/kB) bounds the size and the depth; the exact walk is
         Python, for the requests that need it (large ones, on costly policies)."""
-        sizes: celcost.Sizes | str | None = self._made.get(("sizes", exact))
+        sizes: estimation.Sizes | str | None = self._made.get(("sizes", exact))
         if sizes is None:
             request = self.context.request
             bodies = (self.object, request.old_object, self.context.namespace_object, request.raw, self.param)
@@ -156,7 +155,7 @@ class View:
         return sizes
 
     def apart(self, policy: CompiledPolicy) -> bool:
-        """Whether this policy runs apart on this request (``celfork``): when its estimated cost
+        """Whether this policy runs apart on this request (``cel.fork``): when its estimated cost
         here is over POLICY_BUDGET. Never a refusal: the estimate is an upper bound, often far
         above what the evaluation really costs, and a legal object must be judged. Abort only
         past the deadline or for an object CEL cannot read (see the module doc)."""
@@ -168,7 +167,7 @@ class View:
             return False
         exact = self.sizes(exact=True)
         assert not isinstance(exact, str)
-        if policy.cost(exact) <= POLICY_BUDGET or not celfork.AVAILABLE:
+        if policy.cost(exact) <= POLICY_BUDGET or not fork.AVAILABLE:
             return False
         if not self.context.may_fork:
             raise MustFork()
@@ -186,7 +185,7 @@ class Scope:
     def __init__(self, view: View, policy: CompiledPolicy, apart: bool | None = None) -> None:
         self.view = view
         self.policy = policy
-        # Each expression runs in a child process (``celfork``); judged once per policy, on its first object.
+        # Each expression runs in a child process (``cel.fork``); judged once per policy, on its first object.
         self.apart = view.apart(policy) if apart is None else apart
         self.values: dict[str, Any] = {}
         self.failed: dict[str, tuple[str, str]] = {}   # (path, message): no exception, see _variable
@@ -209,7 +208,7 @@ class Scope:
                 self._activation = new_activation({**view.bindings(self.policy), "variables": dict(self.values)})
             activation = self._activation
         if self.apart:
-            return celfork.evaluate(expression, activation, view.context.deadline.left(), plain=plain)
+            return fork.evaluate(expression, activation, view.context.deadline.left(), plain=plain)
         return expression.evaluate(activation, plain=plain)
 
     def _variable(self, name: str) -> None:
@@ -274,7 +273,7 @@ def _bound(body: Any, managed_fields: bool) -> Any:
     return {**body, "metadata": {key: value for key, value in metadata.items() if key != "managedFields"}}
 
 
-def _measure(bodies: tuple[Any, ...], exact: bool) -> celcost.Sizes | str:
+def _measure(bodies: tuple[Any, ...], exact: bool) -> estimation.Sizes | str:
     """See View.sizes. marshal (format 2: no back-references) writes at least one byte per value
     and per character, so its length bounds the size, and it refuses nesting beyond ~2,000."""
     size, items = 0.0, 0.0
@@ -291,10 +290,10 @@ def _measure(bodies: tuple[Any, ...], exact: bool) -> celcost.Sizes | str:
         if isinstance(walked, str):
             return walked
         size, items = max(size, walked.size), max(items, walked.items)
-    return celcost.Sizes(size, items if exact else size)
+    return estimation.Sizes(size, items if exact else size)
 
 
-def _walk(body: Any) -> celcost.Sizes | str:
+def _walk(body: Any) -> estimation.Sizes | str:
     """Size and largest list or map of one object, iteratively (it may be deep), or why CEL
     cannot read it."""
     size, items = 0, 0
@@ -314,4 +313,4 @@ def _walk(body: Any) -> celcost.Sizes | str:
             stack.extend((item, depth + 1) for item in value)
         else:
             size += len(value) if isinstance(value, str) else 1
-    return celcost.Sizes(size, items)
+    return estimation.Sizes(size, items)

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from .. import api, celcost
+from .. import api
+from ..cel import estimation
 from ..cluster.discovery import DiscoveredResource
 from ..cluster.routing import plural
 from ..config import OperatorConfig
@@ -22,7 +23,7 @@ from ..engine import CompiledPolicy
 # The request a tenant policy's cost is estimated on: 64 KiB with up to 1,024 items in a list (a
 # large Deployment). Absolute figures only matter against AP_TENANT_MAX_COST, whose default is
 # four policies at the per-policy budget (cel.POLICY_BUDGET) on this request.
-COST_SIZES: Final = celcost.Sizes(65_536, 1_024)
+COST_SIZES: Final = estimation.Sizes(65_536, 1_024)
 
 
 def tenant_problems(config: OperatorConfig, compiled: CompiledPolicy, discovered: Iterable[DiscoveredResource],

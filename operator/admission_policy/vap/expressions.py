@@ -9,9 +9,8 @@ import functools
 from collections.abc import Mapping
 from typing import Final
 
-from .. import celast
-from ..cel import check
-from ..cellib import compat
+from ..cel import check, syntax
+from ..cel.lib import compat
 from ..engine import CompiledPolicy
 from ..engine.podcontrollers import Location, selected
 from .lowering import is_optional_syntax, lower_optionals
@@ -41,9 +40,9 @@ def source(source: str, template: Location, path: str, lower: bool = False) -> s
     if not template:
         return source
     text = compat.respell(source)
-    checked = celast.Checked.decode(check(kubernetes_cel().environment(), text).serialize())
-    parents = {child.id: node for node in celast.walk(checked.root) for child in node.children()}
-    nodes = {node.id: node for node in celast.walk(checked.root)}
+    checked = syntax.Checked.decode(check(kubernetes_cel().environment(), text).serialize())
+    parents = {child.id: node for node in syntax.walk(checked.root) for child in node.children()}
+    nodes = {node.id: node for node in syntax.walk(checked.root)}
     positions = checked.positions
     edits = set()
     for node_id, name in checked.names.items():
@@ -60,7 +59,7 @@ def source(source: str, template: Location, path: str, lower: bool = False) -> s
     return text
 
 
-def _reads_template(node: celast.Expr, parents: Mapping[int, celast.Expr], name: str, path: str) -> bool:
+def _reads_template(node: syntax.Expr, parents: Mapping[int, syntax.Expr], name: str, path: str) -> bool:
     """Whether this read of ``object``/``oldObject`` goes to the template (else it stays)."""
     parent = parents.get(node.id)
     first = _field(parent, node)
@@ -79,7 +78,7 @@ def _reads_template(node: celast.Expr, parents: Mapping[int, celast.Expr], name:
     raise NotNative(Finding(path, f"reads {what}, which a Pod template does not stand for natively"))
 
 
-def _field(parent: celast.Expr | None, child: celast.Expr) -> str | None:
+def _field(parent: syntax.Expr | None, child: syntax.Expr) -> str | None:
     """The field ``parent`` reads of ``child`` (``child.f``, ``has(child.f)``, ``child.?f``, ``child['f']``)."""
     found = selected(parent) if parent is not None else None
     return found[1] if found is not None and found[0] is child else None
@@ -109,10 +108,10 @@ def _version(text: str) -> tuple[int, int]:
 def uses_optionals(source: str) -> bool:
     """Whether the expression uses optional types (they always begin with one of these)."""
     try:
-        root = celast.Checked.decode(check(kubernetes_cel().environment(), compat.respell(source)).serialize()).root
+        root = syntax.Checked.decode(check(kubernetes_cel().environment(), compat.respell(source)).serialize()).root
     except RuntimeError:
         return False   # not Kubernetes' CEL at all: portability's blocker already says so
-    return any(is_optional_syntax(node) for node in celast.walk(root))
+    return any(is_optional_syntax(node) for node in syntax.walk(root))
 
 
 def template_changed(location: Location) -> dict[str, str]:
@@ -135,9 +134,9 @@ def inline_variables(text: str, variables: Mapping[str, str], path: str) -> str:
     if "variables" not in text:
         return text
     respelt = compat.respell(text)
-    checked = celast.Checked.decode(check(kubernetes_cel().environment(), respelt).serialize())
-    parents = {child.id: node for node in celast.walk(checked.root) for child in node.children()}
-    nodes = {node.id: node for node in celast.walk(checked.root)}
+    checked = syntax.Checked.decode(check(kubernetes_cel().environment(), respelt).serialize())
+    parents = {child.id: node for node in syntax.walk(checked.root) for child in node.children()}
+    nodes = {node.id: node for node in syntax.walk(checked.root)}
     edits = []
     for node_id, name in checked.names.items():
         node, parent = nodes.get(node_id), parents.get(node_id)

@@ -47,8 +47,9 @@ from typing import Any, Final
 from cel_expr_python import cel as cel_core
 from cel_expr_python.ext import ext_bindings, ext_encoders, ext_math, ext_strings
 
-from .. import cel, celast, cellib
-from ..cellib import compat
+from .. import cel
+from ..cel import lib, syntax
+from ..cel.lib import compat
 from ..errors import AdmissionPolicyError
 
 OPTIONAL_CALLS: Final = frozenset({"_?._", "_[?_]", "optional.of", "optional.ofNonZeroValue", "optional.none"})
@@ -73,13 +74,13 @@ def lower_optionals(source: str) -> str:
     of an optional type, so it runs on Kubernetes 1.28 wherever ``source`` runs on 1.29; whether
     its libraries are there is the caller's question, as for any expression. Text outside the
     rewritten parts stays as written, but for ``existsOne``/``exists_one``, spelled as
-    ``cellib.compat.respell`` does. Pure and cached: it compiles the expression twice.
+    ``cel.lib.compat.respell`` does. Pure and cached: it compiles the expression twice.
     """
     if "?" not in source and "optional" not in source:
         return source
     text = compat.respell(source)   # the checker's offsets are the respelled text's (cel-go has both names)
     checked = _checked(_full_environment(), text)
-    if not any(is_optional_syntax(node) for node in celast.walk(checked.root)):
+    if not any(is_optional_syntax(node) for node in syntax.walk(checked.root)):
         return source
     tree = _Parser(text).parse()
     for node in _walk(tree):   # macros the checker expands into optional calls: named before _agree counts
@@ -103,15 +104,15 @@ def _environments() -> tuple[Any, Any]:
     """(with optional syntax, without): the same libraries, variables and extensions, as
     ``cel.new_environment`` builds them, but for ``ext_optional`` in the second."""
     extra = [ext_bindings.ExtBindings(), ext_encoders.ExtEncoders(), ext_math.ExtMath()]
-    functions = cellib.functions()
+    functions = lib.functions()
     full = cel.new_environment(functions, extra)
     others = [declared for declared in functions if declared.name not in compat.ORDERING_NAMES]
     plain = cel_core.NewEnv(
-        descriptor_pool=cellib.pool(), config=cel_core.NewEnvConfigFromYaml(compat.CONFIG),
-        variables={name: cel._VARIABLE_TYPES.get(name, cel_core.Type.DYN) for name in cel.VARIABLES},
-        extensions=[ext_strings.ExtStrings(version=2), compat.extension(), *extra, cellib.extension(others)],
-        functions=[*cellib.declarations(others), *compat.declarations(functions)],
-        function_impls={**cellib.implementations(others), **compat.implementations(functions)})
+        descriptor_pool=lib.pool(), config=cel_core.NewEnvConfigFromYaml(compat.CONFIG),
+        variables={name: cel.VARIABLE_TYPES.get(name, cel_core.Type.DYN) for name in cel.VARIABLES},
+        extensions=[ext_strings.ExtStrings(version=2), compat.extension(), *extra, lib.extension(others)],
+        functions=[*lib.declarations(others), *compat.declarations(functions)],
+        function_impls={**lib.implementations(others), **compat.implementations(functions)})
     return full, plain
 
 
@@ -122,26 +123,26 @@ def plain_environment() -> Any:
     return _environments()[1]
 
 
-def _checked(environment: Any, text: str) -> celast.Checked:
+def _checked(environment: Any, text: str) -> syntax.Checked:
     try:
-        return celast.Checked.decode(cel.check(environment, text).serialize())
+        return syntax.Checked.decode(cel.check(environment, text).serialize())
     except RuntimeError as exc:
         raise NotLowerable(f"does not compile: {exc}") from None
 
 
-def is_optional_syntax(node: celast.Expr) -> bool:
+def is_optional_syntax(node: syntax.Expr) -> bool:
     """Whether this node is optional syntax: the calls the parser makes of it, optional entries."""
     return ((node.kind == "call" and node.name in OPTIONAL_CALLS) or any(e.optional for e in node.entries)
             or (node.kind == "list" and bool(node.raw)))
 
 
-def _types(checked: celast.Checked, unwrap: bool = False) -> dict[int, str]:
+def _types(checked: syntax.Checked, unwrap: bool = False) -> dict[int, str]:
     """Node id → its checked type, coarsely: list, map, string, int, uint, double, optional, dyn
     or other; ``unwrap``: an optional's value type instead."""
-    return {node: _kind(kind, unwrap) for node, kind in celast.types(checked).items()}
+    return {node: _kind(kind, unwrap) for node, kind in syntax.types(checked).items()}
 
 
-def _kind(kind: celast.Type, unwrap: bool) -> str:
+def _kind(kind: syntax.Type, unwrap: bool) -> str:
     if kind[0] == "primitive":
         return {2: "int", 3: "uint", 4: "double", 5: "string"}.get(kind[1], "other")
     if kind[0] in ("dyn", "list", "map"):
@@ -151,27 +152,27 @@ def _kind(kind: celast.Type, unwrap: bool) -> str:
     return "other"
 
 
-def _index_types(checked: celast.Checked) -> dict[int, tuple[str, str]]:
+def _index_types(checked: syntax.Checked) -> dict[int, tuple[str, str]]:
     """Offset of the ``[`` of each ``e[?k]``, and of each ``o[k]`` on an optional ``o`` → the
     checked types of (the value of ``e`` or ``o``, ``k``)."""
     types, inner = _types(checked), _types(checked, unwrap=True)
     found = {}
-    for node in celast.walk(checked.root):
+    for node in syntax.walk(checked.root):
         if node.kind == "call" and node.name in ("_[?_]", "_[_]") and len(node.args) == 2 \
                 and node.id in checked.positions:
             found[checked.positions[node.id]] = (inner.get(node.args[0].id, "dyn"), types.get(node.args[1].id, "dyn"))
     return found
 
 
-def _agree(tree: _Node, checked: celast.Checked) -> None:
+def _agree(tree: _Node, checked: syntax.Checked) -> None:
     """The parser here and CEL's must see the same optional selects and indexes, at the same
     offsets, and as many optional constructs in all: else nothing is rewritten."""
     ours = sorted((node.at, "_?._" if node.kind == "select" else "_[?_]") for node in _walk(tree)
                   if node.kind in ("select", "index") and node.optional)
-    theirs = sorted((checked.positions.get(node.id, -1), node.name) for node in celast.walk(checked.root)
+    theirs = sorted((checked.positions.get(node.id, -1), node.name) for node in syntax.walk(checked.root)
                     if node.kind == "call" and node.name in ("_?._", "_[?_]"))
     ours_all = sum(_syntax_count(node) for node in _walk(tree))
-    theirs_all = sum(_checked_count(node) for node in celast.walk(checked.root))
+    theirs_all = sum(_checked_count(node) for node in syntax.walk(checked.root))
     if ours != theirs or ours_all != theirs_all:
         raise NotLowerable("cannot be lowered: its optional syntax could not be located in the source")
 
@@ -184,12 +185,12 @@ def _syntax_count(node: _Node) -> int:
     return sum(node.flags)
 
 
-def _checked_count(node: celast.Expr) -> int:
+def _checked_count(node: syntax.Expr) -> int:
     if node.kind == "call" and node.name in OPTIONAL_CALLS:
         return 1
     if node.kind == "list":   # optional_indices (field 2): packed varints, or one varint each
         count = 0
-        for number, wire, value in celast.fields(node.raw):
+        for number, wire, value in syntax.fields(node.raw):
             if number == 2:
                 count += len([b for b in value if b < 0x80]) if wire == 2 else 1
         return count
@@ -201,15 +202,15 @@ def _verify(lowered: str) -> None:
     declared to return one, say): else it is not the plain CEL promised."""
     checked = _checked_plain(lowered)
     types = _types(checked)
-    for node in celast.walk(checked.root):
+    for node in syntax.walk(checked.root):
         if types.get(node.id) == "optional":
             what = f"{node.name}()" if node.kind == "call" else node.name or node.kind
             raise NotLowerable(f"{what} returns an optional value, which cannot be written without optional types")
 
 
-def _checked_plain(text: str) -> celast.Checked:
+def _checked_plain(text: str) -> syntax.Checked:
     try:
-        return celast.Checked.decode(cel.check(plain_environment(), text).serialize())
+        return syntax.Checked.decode(cel.check(plain_environment(), text).serialize())
     except RuntimeError as exc:   # a defect here, not the policy's: refused rather than handed on
         raise NotLowerable(f"cannot be lowered: the rewritten expression does not compile ({exc})") from None
 

@@ -18,9 +18,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from .. import api, celast, cellib
+from .. import api
 from ..api import split_resource
-from ..cel import check, new_environment, referenced_variables
+from ..cel import check, lib, new_environment, referenced_variables, syntax
 from ..engine import CompiledPolicy
 
 # ValidatingAdmissionPolicy is GA (admissionregistration.k8s.io/v1) from Kubernetes 1.30.
@@ -142,11 +142,11 @@ class KubernetesCel:
     has, and the given libraries but those marked "ours"; the variables of a ValidatingAdmission
     Policy, typed as ``cel`` declares them."""
 
-    def __init__(self, libraries: Sequence[cellib.Library]) -> None:
+    def __init__(self, libraries: Sequence[lib.Library]) -> None:
         self.libraries = tuple(library for library in libraries if library.since != "ours")
         self._environments: dict[tuple[str, tuple[str, ...]], Any] = {}
 
-    def recent(self) -> list[cellib.Library]:
+    def recent(self) -> list[lib.Library]:
         """The libraries that came after BASELINE."""
         return [library for library in self.libraries
                 if library.functions and _version(library.since) > _version(BASELINE)]
@@ -162,7 +162,7 @@ class KubernetesCel:
                 return f"does not compile in Kubernetes' CEL environment: {exc}"
             message = found[3].replace(" (in container '')", "")
             return f"(line {found[1]}, column {found[2]}) not in Kubernetes' CEL environment: {message}"
-        return None if left_out else mixed_literal(source, celast.Checked.decode(program.serialize()))
+        return None if left_out else mixed_literal(source, syntax.Checked.decode(program.serialize()))
 
     def environment(self) -> Any:
         """The whole environment, every variable declared."""
@@ -180,7 +180,7 @@ class KubernetesCel:
 @functools.cache
 def kubernetes_cel() -> KubernetesCel:
     """The environment of the libraries this project has (built once: about 30 ms each)."""
-    return KubernetesCel(cellib.libraries())
+    return KubernetesCel(lib.libraries())
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -196,14 +196,14 @@ def _version(text: str) -> tuple[int, ...]:
 _PRIMITIVES: Final = {1: "bool", 2: "int", 3: "uint", 4: "double", 5: "string", 6: "bytes"}
 
 
-def mixed_literal(source: str, checked: celast.Checked) -> str | None:
+def mixed_literal(source: str, checked: syntax.Checked) -> str | None:
     """Kubernetes compiles with cel-go's homogeneous-aggregate-literal validator: each list
     literal's elements, and each map literal's keys and values, must be of equivalent types (a
     ``dyn`` only with a ``dyn``), but within ``format()``'s arguments. The environment here does
     not check that; a policy mixing them would be refused by the API server."""
-    kinds = celast.types(checked)
-    parents = {child.id: node for node in celast.walk(checked.root) for child in node.children()}
-    for node in celast.walk(checked.root):
+    kinds = syntax.types(checked)
+    parents = {child.id: node for node in syntax.walk(checked.root) for child in node.children()}
+    for node in syntax.walk(checked.root):
         if node.kind == "list":
             indices = set(node.optional_indices())
             groups = [("list", [(item, i in indices) for i, item in enumerate(node.args)])]
@@ -215,7 +215,7 @@ def mixed_literal(source: str, checked: celast.Checked) -> str | None:
         if _in_format(node, parents):
             continue
         for what, items in groups:
-            first: celast.Type | None = None
+            first: syntax.Type | None = None
             for item, optional in items:
                 current = kinds.get(item.id, ("dyn",))
                 if optional and current[0] == "abstract" and len(current) > 2:
@@ -230,7 +230,7 @@ def mixed_literal(source: str, checked: celast.Checked) -> str | None:
     return None
 
 
-def _in_format(node: celast.Expr, parents: Mapping[int, celast.Expr]) -> bool:
+def _in_format(node: syntax.Expr, parents: Mapping[int, syntax.Expr]) -> bool:
     """Within ``format()``'s arguments, through enclosing lists and maps: exempt (a format's
     arguments are of many types by design)."""
     parent = parents.get(node.id)
@@ -239,7 +239,7 @@ def _in_format(node: celast.Expr, parents: Mapping[int, celast.Expr]) -> bool:
     return parent is not None and parent.kind == "call" and parent.name == "format"
 
 
-def _name(kind: celast.Type) -> str:
+def _name(kind: syntax.Type) -> str:
     if kind[0] == "primitive":
         return _PRIMITIVES.get(kind[1], "a primitive")
     if kind[0] in ("list", "map"):

@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Mapping
 from typing import Final
 
-from ..celast import Checked, Expr, walk
+from ..syntax import Checked, Expr, walk
 from .formats import OPTIONAL_RESULTS
 
 # Overload id of a function declared with an optional result → the function that computes it.

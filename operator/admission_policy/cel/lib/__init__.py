@@ -2,7 +2,7 @@
 
 One module per library, each exporting ``LIBRARY`` (``library.Library``); opaque types
 (``net.IP``, ``kubernetes.Quantity`` …) are protobuf messages declared in ``types``. The
-``cel`` module adds every library here to the environment policies are checked in, so a new
+``cel.environment`` adds every library here to the environment policies are checked in, so a new
 library is one module, imported here and named in ``_MODULES``.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ def libraries() -> tuple[Library, ...]:
 
 
 def functions() -> list[Function]:
-    """Every function of every library, for the fullest CEL environment (``cel``'s last tier)."""
+    """Every function of every library, for the fullest CEL environment (``cel.environment``'s last tier)."""
     return [declared for library in libraries() for declared in library.functions]
 
 

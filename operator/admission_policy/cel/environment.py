@@ -5,14 +5,14 @@ budget) as exceptions; both, and any other exception (``MemoryError`` included),
 ``CelEvaluationError`` here, so nothing escapes to callers.
 
 A program is compiled (parsed and type-checked) as written, then rewritten to compute what
-Kubernetes' cel-go computes where the C++ runtime differs (``cellib.compat``), its ``map``/``filter``
-accumulations to cost linear time and memory (``celast.linearize``), and its cost
-is estimated (``celcost``). Kubernetes refuses no ValidatingAdmissionPolicy for its estimated
+Kubernetes' cel-go computes where the C++ runtime differs (``cel.lib.compat``), its ``map``/``filter``
+accumulations to cost linear time and memory (``cel.syntax.linearize``), and its cost
+is estimated (``cel.estimation``). Kubernetes refuses no ValidatingAdmissionPolicy for its estimated
 cost, so neither is one refused here for what it would cost on a large object; only an
 expression that is unbounded by construction is: one whose estimate on an object of one
 character already exceeds Kubernetes' per-call limit (a value doubled at each of many steps),
 which Kubernetes would stop on every request. Large requests are the engine's concern at run
-time (``engine.scope``, ``celfork``).
+time (``engine.scope``, ``cel.fork``).
 """
 from __future__ import annotations
 
@@ -25,22 +25,22 @@ from typing import Any, Final, Literal
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 
-from . import celast, celcost, cellib
-from .api import Expression
-from .cellib import compat, lists, regex, rewrite
-from .errors import AdmissionPolicyError
+from ..api import Expression
+from ..errors import AdmissionPolicyError
+from . import estimation, lib, syntax
+from .lib import compat, lists, regex, rewrite
 
 VARIABLES: Final = ("object", "oldObject", "request", "namespaceObject", "params", "context", "variables",
                     "authorizer", "authorizer.requestResource")
 # Declared with their types, as Kubernetes does, so that authorizer.group(…)…check(…) resolves when
 # checked (and .allowed() is a bool); the others are dyn.
-_VARIABLE_TYPES: Final = {"authorizer": cellib.opaque("kubernetes.authorization.Authorizer").type,
-                          "authorizer.requestResource": cellib.opaque("kubernetes.authorization.ResourceCheck").type}
+VARIABLE_TYPES: Final = {"authorizer": lib.opaque("kubernetes.authorization.Authorizer").type,
+                          "authorizer.requestResource": lib.opaque("kubernetes.authorization.ResourceCheck").type}
 ResultKind = Literal["bool", "string", "any"]
 
-# Compile time: the estimate (``celcost``, about Kubernetes' cost units) on an object of one
+# Compile time: the estimate (``cel.estimation``, about Kubernetes' cost units) on an object of one
 # character, one item per list, against Kubernetes' per-call cost limit (celconfig.PerCallLimit).
-UNIT: Final = celcost.Sizes(size=1, items=1)
+UNIT: Final = estimation.Sizes(size=1, items=1)
 PER_CALL_LIMIT: Final = 1_000_000
 # Run time: all of a policy's expressions together, estimated for the request at hand before the
 # policy runs; over it, the policy runs apart, bounded in memory and time (engine/scope.py).
@@ -83,20 +83,20 @@ class CelEvaluationError(AdmissionPolicyError):
 _TIERS: Final = 3
 
 
-def new_environment(functions: Sequence[cellib.Function], extra: Sequence[cel.CelExtensionBase] = (),
+def new_environment(functions: Sequence[lib.Function], extra: Sequence[cel.CelExtensionBase] = (),
                     hidden: Collection[str] = ()) -> cel.Env:
     """An environment of Kubernetes' CEL (``compat`` makes cel-expr-python's base Kubernetes'),
-    with ``functions`` from ``cellib``, the ``extra`` extensions and every policy variable but the
+    with ``functions`` from ``cel.lib``, the ``extra`` extensions and every policy variable but the
     ``hidden`` ones. ``vap.portability`` builds Kubernetes' own with it, without our additions."""
     extensions: list[cel.CelExtensionBase] = [ext_strings.ExtStrings(version=2), ext_optional.ExtOptional(),
                                               compat.extension(), *extra]
     others = [declared for declared in functions if declared.name not in compat.ORDERING_NAMES]
-    extensions.append(cellib.extension(others))
-    return cel.NewEnv(descriptor_pool=cellib.pool(), config=cel.NewEnvConfigFromYaml(compat.CONFIG),
-                      variables={name: _VARIABLE_TYPES.get(name, cel.Type.DYN) for name in VARIABLES
+    extensions.append(lib.extension(others))
+    return cel.NewEnv(descriptor_pool=lib.pool(), config=cel.NewEnvConfigFromYaml(compat.CONFIG),
+                      variables={name: VARIABLE_TYPES.get(name, cel.Type.DYN) for name in VARIABLES
                                  if name not in hidden},
-                      extensions=extensions, functions=[*cellib.declarations(others), *compat.declarations(functions)],
-                      function_impls={**cellib.implementations(others), **compat.implementations(functions)})
+                      extensions=extensions, functions=[*lib.declarations(others), *compat.declarations(functions)],
+                      function_impls={**lib.implementations(others), **compat.implementations(functions)})
 
 
 @functools.cache
@@ -108,36 +108,36 @@ def _environment(tier: int) -> cel.Env:
         extra += [ext_encoders.ExtEncoders(), ext_math.ExtMath()]
     # Kubernetes' lists library runs as native loops (``lists.expand``): in every environment, so
     # that ``x.indexOf(y)`` means the same wherever it compiles.
-    return new_environment(cellib.functions() if tier >= 2 else list(lists.LIBRARY.functions), extra)
+    return new_environment(lib.functions() if tier >= 2 else list(lists.LIBRARY.functions), extra)
 
 
 def check(environment: cel.Env, source: str) -> Any:
     """Parse and type-check ``source`` in ``environment`` as Kubernetes would: the checked
     program, or RuntimeError with the checker's message."""
     checked_program = environment.compile(compat.respell(source))
-    problem = compat.check(celast.Checked.decode(checked_program.serialize()))
+    problem = compat.check(syntax.Checked.decode(checked_program.serialize()))
     if problem is not None:   # worded as the checker's own errors
         raise RuntimeError(problem)
     return checked_program
 
 
-def _build(source: str, tier: int) -> tuple[Any, celast.Checked]:
+def _build(source: str, tier: int) -> tuple[Any, syntax.Checked]:
     """The program to run, and the tree it was checked as (for estimates)."""
     checked_program = check(_environment(tier), source)
     serialized = checked_program.serialize()
-    tree, linear = celast.Checked.decode(serialized), celast.Checked.decode(serialized)
+    tree, linear = syntax.Checked.decode(serialized), syntax.Checked.decode(serialized)
     # The rewrite of optional results first: the others copy nodes under ids the checker never saw.
-    if not (rewrite.optional_results(linear) | compat.rewrite(linear) | celast.inline_bound_maps(linear)
-            | celast.linearize(linear)):
+    if not (rewrite.optional_results(linear) | compat.rewrite(linear) | syntax.inline_bound_maps(linear)
+            | syntax.linearize(linear)):
         return checked_program, tree
     return _environment(tier).deserialize(linear.encode()), tree
 
 
 @functools.lru_cache(maxsize=256)
-def _tree(source: str, tier: int) -> celast.Checked:
+def _tree(source: str, tier: int) -> syntax.Checked:
     """The checked tree of an expression, for the estimates of large requests
     (rebuilt rather than held: a thousand policies' trees would take tens of MB)."""
-    return celast.Checked.decode(_environment(tier).compile(compat.respell(source)).serialize())
+    return syntax.Checked.decode(_environment(tier).compile(compat.respell(source)).serialize())
 
 
 @dataclasses.dataclass(eq=False)
@@ -154,8 +154,8 @@ class CompiledExpression:
     variables: frozenset[str] | None  # None: reads the whole ``variables`` map
     tier: int = 0                     # the environment it compiles in
     cost: float = 0.0                 # estimated for a request of UNIT sizes
-    result: celcost.Value = celcost.SCALAR   # what it returns, estimated likewise
-    opaque: bool = True               # its type may hold an opaque value (cellib.to_plain has work)
+    result: estimation.Value = estimation.SCALAR   # what it returns, estimated likewise
+    opaque: bool = True               # its type may hold an opaque value (lib.to_plain has work)
 
     @property
     def path(self) -> str:
@@ -166,14 +166,14 @@ class CompiledExpression:
         rarely runs); it is built again, from the source, when next needed."""
         self.program = None
 
-    def tree(self) -> celast.Checked:
+    def tree(self) -> syntax.Checked:
         """The checked syntax tree (rebuilt and cached by source, not held: see ``_tree``)."""
         return _tree(self.expression.source, self.tier)
 
-    def estimate(self, sizes: celcost.Sizes, variables: Mapping[str, celcost.Value] | None = None,
-                 context: Mapping[str, int] | None = None) -> tuple[float, celcost.Value]:
-        """(cost, result) for a request of at most ``sizes`` (``celcost``)."""
-        return celcost.estimate(_tree(self.expression.source, self.tier), sizes, variables, context)
+    def estimate(self, sizes: estimation.Sizes, variables: Mapping[str, estimation.Value] | None = None,
+                 context: Mapping[str, int] | None = None) -> tuple[float, estimation.Value]:
+        """(cost, result) for a request of at most ``sizes`` (``cel.estimation``)."""
+        return estimation.estimate(_tree(self.expression.source, self.tier), sizes, variables, context)
 
     def evaluate(self, activation: Any, *, plain: bool = True) -> Any:
         """The plain Python result, or CelEvaluationError; never another exception. ``plain=False``
@@ -190,7 +190,7 @@ class CompiledExpression:
             failed = result.type() == cel.Type.ERROR
             value = str(result.value()) if failed else result.plain_value()
             if plain and not failed and self.opaque:
-                value = cellib.to_plain(value)
+                value = lib.to_plain(value)
         except MemoryError:
             problem = "ran out of memory (the expression builds too much)"
         except Exception as exc:   # RuntimeError from the C++ core, and anything else: never escapes
@@ -215,12 +215,12 @@ _EXPECTED_TYPES: Final[Mapping[ResultKind, tuple[cel.Type, ...]]] = {
 
 
 def compile_expression(expression: Expression, kind: ResultKind = "any", *,
-                       variables: Mapping[str, celcost.Value] | None = None,
+                       variables: Mapping[str, estimation.Value] | None = None,
                        context: Mapping[str, int] | None = None,
                        limit: float = PER_CALL_LIMIT) -> CompiledExpression:
     """Parse and type-check once; errors name the field path and the column.
 
-    ``variables``: the estimated results of the policy variables it may read (see ``celcost``);
+    ``variables``: the estimated results of the policy variables it may read (see ``cel.estimation``);
     ``context``: the declared maxObjects of each ``context.<name>`` it may read;
     an expression whose estimated cost for a request of UNIT sizes is over ``limit`` is
     refused like one that does not compile.
@@ -239,7 +239,7 @@ def compile_expression(expression: Expression, kind: ResultKind = "any", *,
             if tier == _TIERS - 1:   # the fullest environment's message says what is wrong
                 line, column, message = _locate(str(exc))
                 raise CelCompileError(expression.path, message, line, column) from None
-        except celast.AstError as exc:   # a program cel-expr-python serialised in a way not known here
+        except syntax.AstError as exc:   # a program cel-expr-python serialised in a way not known here
             raise CelCompileError(expression.path, f"cannot be analysed for cost: {exc}") from None
     if kind in _EXPECTED_TYPES:
         returned = program.return_type()
@@ -247,11 +247,11 @@ def compile_expression(expression: Expression, kind: ResultKind = "any", *,
             raise CelCompileError(expression.path, f"must evaluate to a {kind}, but its type is {returned}")
     for problem in regex.constant_pattern_errors(tree):   # Kubernetes refuses these when it builds the program
         raise CelCompileError(expression.path, problem)
-    cost, result = celcost.estimate(tree, UNIT, variables, context)
+    cost, result = estimation.estimate(tree, UNIT, variables, context)
     if cost > limit:
         raise CelCompileError(expression.path, unbounded(cost, limit))
     return CompiledExpression(expression, program, kind, referenced_variables(expression.source), tier,
-                              cost, result, cellib.may_hold_opaque(program.return_type()))
+                              cost, result, lib.may_hold_opaque(program.return_type()))
 
 
 def unbounded(cost: float, limit: float) -> str:
@@ -309,7 +309,7 @@ _HINTS: Final = (
     (re.compile(r"no matching overload", re.IGNORECASE),
      "the operands' types do not go together: compare like types (convert with int(), double() or string())"),
     (re.compile(r"iteration budget", re.IGNORECASE),
-     f"more than {celcost.ITERATION_LIMIT:,} loop steps in one evaluation, loops within loops counted"),
+     f"more than {estimation.ITERATION_LIMIT:,} loop steps in one evaluation, loops within loops counted"),
     (re.compile(r"index error|index out of (range|bounds)|invalid index", re.IGNORECASE),
      "no item at that index: check size() first"),
 )

@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from ..errors import AdmissionPolicyError
+from ...errors import AdmissionPolicyError
 from . import gostrings
 
 _SCIENTIFIC_TIMES: Final = "\u202f\u00d7\u202f10"   # x/text's en-US: narrow spaces around a times sign

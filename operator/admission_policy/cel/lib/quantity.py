@@ -31,7 +31,7 @@ from typing import Any, Final
 
 from cel_expr_python import cel
 
-from ..errors import AdmissionPolicyError
+from ...errors import AdmissionPolicyError
 from .library import Function, Library, accepts, function, overload
 from .types import opaque
 

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from cel_expr_python import cel
 
-from ..celast import Expr
+from ..syntax import Expr
 from .library import Function, Library, function, overload
 from .nodes import Nodes
 

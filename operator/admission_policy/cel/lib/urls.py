@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from cel_expr_python import cel
 
-from ..errors import AdmissionPolicyError
+from ...errors import AdmissionPolicyError
 from .gostrings import quote
 from .library import Library, accepts, function, overload
 from .net import NetipError, parse_addr

@@ -1,4 +1,4 @@
-"""A static estimate of what a CEL expression can cost, from its checked tree (``celast``).
+"""A static estimate of what a CEL expression can cost, from its checked tree (``cel.syntax``).
 
 cel-expr-python neither estimates nor meters cost (Kubernetes' CEL, cel-go, does both), and its
 only limit is 10,000 comprehension iterations per evaluation, which stops a loop but not what
@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from .celast import Checked, Expr
+from .syntax import Checked, Expr
 
 ITERATION_LIMIT: Final = 10_000     # cel-expr-python's comprehension budget per evaluation (not settable)
 TRAVERSAL: Final = 0.1              # per character or item an operation reads or writes
@@ -192,7 +192,7 @@ def _comprehension(node: Expr, scope: _Scope) -> tuple[float, Value]:
     big_cost, big = step(whole)
     small_cost, small = step(Value(1, 1))
     steps_cost = big_cost + iterations * small_cost
-    if collects:   # map/filter: the list of what the steps appended, built once (celast.linearize)
+    if collects:   # map/filter: the list of what the steps appended, built once (syntax.linearize)
         collected = Value(big.size + iterations * small.size, iterations, is_list=True)
         result_cost, result = _estimate(parts["result"], _bind(scope, {accu_var: collected}))
         result_cost += iterations

@@ -27,8 +27,8 @@ from typing import Any, Final
 import re2
 from cel_expr_python import cel
 
-from .. import celast
-from ..errors import AdmissionPolicyError
+from ...errors import AdmissionPolicyError
+from .. import syntax
 from .library import Library, function, overload
 
 # --- Go's parser -------------------------------------------------------------------------------
@@ -737,11 +737,11 @@ def _find_all(text: str, pattern: str, limit: int = -1) -> list[str]:
     return list(_matches(text, pattern, limit if limit >= 0 else len(text.encode()) + 1))
 
 
-def constant_pattern_errors(checked: celast.Checked) -> list[str]:
+def constant_pattern_errors(checked: syntax.Checked) -> list[str]:
     """Go's errors for the literal patterns of ``find``/``findAll`` calls: Kubernetes compiles
     those when it builds the program, so such an expression fails then, not when it runs."""
     errors = []
-    for node in celast.walk(checked.root):
+    for node in syntax.walk(checked.root):
         ids = checked.overloads.get(node.id, ())
         if node.kind == "call" and any(overload_id.startswith("string_find") for overload_id in ids):
             pattern = node.args[0].constant() if node.args and node.args[0].kind == "const" else None

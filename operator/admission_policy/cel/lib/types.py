@@ -96,7 +96,7 @@ def opaque(name: str) -> Opaque:
         raise KeyError(f"{name} is not one of Kubernetes' CEL types declared here")
     message = message_factory.GetMessageClass(pool().FindMessageTypeByName(name))
     # Picklable by name (the generated class is not importable): a value crosses from the child
-    # process a costly policy runs in (``celfork``) like any other.
+    # process a costly policy runs in (``cel.fork``) like any other.
     copyreg.pickle(message, lambda value: (value_of, (name, str(value.state))))
     return Opaque(name, cel.Type(name), message)
 

@@ -31,7 +31,7 @@ from typing import Any, Final
 from cel_expr_python import cel
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from ..celast import Checked, Expr, walk
+from ..syntax import Checked, Expr, walk
 from . import gostrings, lists, strformat
 from .library import Function, function, overload
 from .nodes import Nodes, detached, position, replace, type_names
@@ -186,7 +186,7 @@ def _map_insertions(node: Expr) -> list[Expr]:
 
 
 def _accumulate_entries(node: Expr, insertions: list[Expr], nodes: Nodes) -> Expr:
-    """The comprehension accumulating a list of one-entry maps (which ``celast.linearize`` makes
+    """The comprehension accumulating a list of one-entry maps (which ``cel.syntax.linearize`` makes
     linear), inside ``@maps.merge``."""
     for call in insertions:
         accu, *rest = call.args

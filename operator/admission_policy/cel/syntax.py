@@ -10,7 +10,7 @@ a dependency), which serves two ends:
   so a ``map`` over n items costs n²/2 item copies in time and memory (5,000 items: 400 MB,
   0.5 s). cel-cpp's own fix (``enable_comprehension_list_append``) is a runtime option that
   cel-expr-python does not expose.
-- ``celcost`` estimates a program's cost from the tree, with the overloads the checker chose.
+- ``cel.estimation`` estimates a program's cost from the tree, with the overloads the checker chose.
 
 Only what these need is modelled; every other field is carried through untouched.
 """
@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any, Final
 
-from .errors import AdmissionPolicyError
+from ..errors import AdmissionPolicyError
 
 # Items per chunk of a linearized accumulation: an append copies at most one chunk, and the list
 # of full chunks is copied once per chunk. n items cost about n·CHUNK/2 + (n/CHUNK)²/2 copies,

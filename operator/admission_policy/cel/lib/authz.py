@@ -25,7 +25,7 @@ from typing import Any, Final
 
 from cel_expr_python import cel
 
-from ..authorization import Answer, Check, Subject, ask
+from ...authorization import Answer, Check, Subject, ask
 from .library import Library, function, overload
 from .types import opaque
 

@@ -1,4 +1,4 @@
-"""A checked CEL tree (``celast``) for the rewrites of ``compat`` and ``lists``: the types the
+"""A checked CEL tree (``cel.syntax``) for the rewrites of ``compat`` and ``lists``: the types the
 checker gave its nodes, where their text is, and new nodes.
 
 A rewritten program is not checked again: cel-expr-python plans it from the tree, resolving a
@@ -12,7 +12,7 @@ import itertools
 import struct
 from typing import Final
 
-from ..celast import Checked, Entry, Expr, field, fields, walk
+from ..syntax import Checked, Entry, Expr, field, fields, walk
 
 
 class Nodes:

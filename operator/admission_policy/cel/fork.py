@@ -31,7 +31,7 @@ import time
 import warnings
 from typing import Any, Final
 
-from .cel import CelEvaluationError, CompiledExpression
+from .environment import CelEvaluationError, CompiledExpression
 
 # What a child may allocate beyond what the process had mapped when it forked.
 MEMORY: Final = 256 * 2**20
