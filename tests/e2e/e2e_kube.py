@@ -707,7 +707,7 @@ def cli() -> list[str]:
     script = pathlib.Path(sys.executable).parent / "admission-policy"
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-c", "from admission_policy.cli import main; main()"]
+    return [sys.executable, "-c", "from admission_policy.command import main; main()"]
 
 
 # --- policies under test ------------------------------------------------------------------------------------

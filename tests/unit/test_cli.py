@@ -14,7 +14,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from admission_policy.cli import main
+from admission_policy.command import main
 from builders import CREATE_POD_RULE, pod, policy_body, review
 
 ROOT = Path(__file__).parents[2]

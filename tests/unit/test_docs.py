@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 from click.testing import CliRunner
 
-from admission_policy.cli import main
+from admission_policy.command import main
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

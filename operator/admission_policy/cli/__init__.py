@@ -1,5 +1,8 @@
 """``admission-policy``: evaluate policies offline, with the very engine the webhook runs.
 
+``run``, which starts the operator, is added by ``admission_policy.command``, the console
+script's entry point: the CLI never imports the operator.
+
 Exit codes: 0 success, 1 an expectation of a test suite failed (``audit``: an Enforce policy is
 violated), 2 unusable input, 3 ``audit`` is incomplete (a resource could not be listed).
 """
@@ -14,7 +17,6 @@ from .commands.convert import convert_command
 from .commands.lint import lint_command
 from .commands.plugins import plugins_command
 from .commands.review import review_command
-from .commands.run import run_command
 from .commands.test import test_command
 
 
@@ -47,6 +49,5 @@ main.add_command(lint_command)
 main.add_command(audit_command)
 main.add_command(convert_command)
 main.add_command(plugins_command)
-main.add_command(run_command)
 main.add_command(cleanup_command)
 main.add_command(cleanup_webhooks_command)

@@ -1,4 +1,9 @@
-"""``admission-policy run``: the operator, with its settings as flags or ``AP_*`` variables."""
+"""``admission-policy``: the CLI's commands, and ``run``, which starts the operator with its
+settings as flags or ``AP_*`` variables.
+
+The CLI (``cli``) stands beside the operator on the same engine and never imports it; this
+module, the console script's entry point, is the one place that puts the two together.
+"""
 from __future__ import annotations
 
 import logging
@@ -7,8 +12,11 @@ from typing import Any
 
 import click
 
-from ...config import SETTINGS, OperatorConfig, default_text
-from ..output import fail
+from .cli import main
+from .cli.output import fail
+from .config import SETTINGS, OperatorConfig, default_text
+
+__all__ = ["main"]
 
 
 def config_options(fn: Any) -> Any:
@@ -56,3 +64,6 @@ def run_command(standalone: bool, **flags: str | None) -> None:
         kopf.run(clusterwide=True, standalone=standalone, liveness_endpoint=None)
     except ActivityError:
         raise SystemExit(1) from None
+
+
+main.add_command(run_command)
