@@ -28,7 +28,6 @@ from typing import Any, Final
 from kubernetes_asyncio import client
 
 from .. import reports
-from ..cluster.client import call_json, message_of
 from ..cluster.discovery import DiscoveredResource, Discovery
 from ..cluster.listing import ListingError, display, list_objects
 from ..cluster.routing import listable_resources, routes
@@ -46,8 +45,9 @@ from ..engine.background import (
 )
 from . import handoff, metrics
 from .apart import run_apart
+from .policyio import write_status
 from .reportwriter import ReportBook
-from .store import PolicyStore, policy_path
+from .store import PolicyStore
 
 logger = logging.getLogger(__name__)
 
@@ -313,12 +313,11 @@ class Auditor:
                     _status(policy, generation, tally, violations, problems, targets, seconds), began=now - 1)
 
     async def _write_status(self, name: str, audit: Mapping[str, Any]) -> None:
-        status, answer = await call_json(
-            self.api, "PATCH", policy_path(name) + "/status",
-            body={"status": {"audit": dict(audit)}}, content_type="application/merge-patch+json")
-        if status != 404 and not 200 <= status <= 299:   # 404: deleted meanwhile
-            logger.warning("AdmissionPolicy %s: writing status.audit failed: %s %s", name, status,
-                           message_of(answer))
+        try:
+            await write_status(self.api, name, {"audit": dict(audit)})
+        except client.ApiException as exc:
+            if exc.status != 404:   # 404: deleted meanwhile
+                logger.warning("AdmissionPolicy %s: writing status.audit failed: %s %s", name, exc.status, exc.reason)
 
 
 def _status(policy: CompiledPolicy, generation: int, tally: Mapping[str, int], violations: list[dict[str, Any]],

@@ -377,7 +377,7 @@ class _Status:
             mine = next((c for c in previous if c.get("type") == NATIVE), None)
             patch = {"native": native, "conditions": [c for c in previous if c.get("type") != NATIVE] + [
                 conditions.condition_entry(mine, condition, generation, now())]}
-            if await write_status(op, self.name, patch, version or None):
+            if await write_status(op.api_client, self.name, patch, version or None):
                 self.status.update(patch)
                 break
             await asyncio.sleep(CONFLICT_PAUSE)   # the watch brings the newer status

@@ -3,15 +3,17 @@ them: the status writers (reconciliation, its followers, native enforcement) sha
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kopf
 from kubernetes_asyncio import client
 
 from .. import api
 from ..cluster.client import call_json, message_of
-from .state import Operator
 from .store import policy_path
+
+if TYPE_CHECKING:   # the state imports the audit, which writes its status through here
+    from .state import Operator
 
 
 async def list_policies(op: Operator) -> list[kopf.Body]:
@@ -29,14 +31,16 @@ async def list_policies(op: Operator) -> list[kopf.Body]:
     return found
 
 
-async def write_status(op: Operator, name: str, new_status: Mapping[str, Any],
+async def write_status(api_client: client.ApiClient, name: str, new_status: Mapping[str, Any],
                        resource_version: str | None = None) -> bool:
-    """A status write now (not at the handler's end), so `kubectl get ap -w` shows the step. With
-    ``resource_version``, only onto that version: False when the policy changed since (409)."""
+    """A status write now (not at the handler's end), so `kubectl get ap -w` shows the step: every
+    writer of a policy's status (its conditions, ``native``, ``audit``) writes through here, a merge
+    patch of its own fields. With ``resource_version``, only onto that version: False when the
+    policy changed since (409)."""
     body: dict[str, Any] = {"status": dict(new_status)}
     if resource_version is not None:
         body["metadata"] = {"resourceVersion": resource_version}
-    code, answer = await call_json(op.api_client, "PATCH", policy_path(name) + "/status",
+    code, answer = await call_json(api_client, "PATCH", policy_path(name) + "/status",
                                    body=body, content_type="application/merge-patch+json")
     if code == 409 and resource_version is not None:
         return False

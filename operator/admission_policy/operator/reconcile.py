@@ -49,12 +49,12 @@ async def reconcile(body: kopf.Body, meta: kopf.Meta, status: kopf.Status, patch
     name = object_key(body)
     generation = int(meta.get("generation") or 0)
     if status.get("observedGeneration") != generation:
-        await write_status(op, name, conditions.status_patch(status, conditions.pending(), generation, now()))
+        pending = conditions.status_patch(status, conditions.pending(), generation, now())
+        await write_status(op.api_client, name, pending)
     # Already found Degraded for this generation (a restart): no grace for discovery, no flapping.
     settle = not (status.get("phase") == "Degraded" and status.get("observedGeneration") == generation)
     observation = await observe(op, body, name, generation, settle=settle)
-    patch.status.update(conditions.status_patch(status, observation, generation, now()))
-    await _announce(op, body, status.get("phase"), observation)
+    await _publish(op, body, observation, patch)
     if observation.phase == "Pending":
         raise kopf.TemporaryError("waiting for the webhook configurations to route this policy", delay=5)
 
@@ -72,8 +72,7 @@ async def recheck_degraded(body: kopf.Body, meta: kopf.Meta, status: kopf.Status
     generation = int(meta.get("generation") or 0)
     observation = await observe(op, body, name, generation)
     if observation.phase != "Degraded":
-        patch.status.update(conditions.status_patch(status, observation, generation, now()))
-        await _announce(op, body, status.get("phase"), observation)
+        await _publish(op, body, observation, patch)
 
 
 async def observe(op: Operator, body: Mapping[str, Any], name: str, generation: int,
@@ -183,9 +182,7 @@ async def _update_inputs(op: Operator) -> None:
         current = conditions.inputs_condition(problems.unsynced, problems.over_cap)
         if written is not None and (written.status, written.message) == (current.status, current.message):
             continue
-        observation = await observe(op, body, name, generation)
-        await write_status(op, name, conditions.status_patch(status, observation, generation, now()))
-        await _announce(op, body, status.get("phase"), observation)
+        await _publish(op, body, await observe(op, body, name, generation))
 
 
 async def _unserved(op: Operator, compiled: Any, settle: bool) -> list[str]:
@@ -245,18 +242,16 @@ async def _follow(op: Operator, body: kopf.Body) -> None:
     generation = int(meta.get("generation") or 0)
     if status.get("observedGeneration") != generation or meta.get("deletionTimestamp"):
         return   # reconciliation has this generation in hand
-    old_phase = status.get("phase")
     registered = conditions.from_status(status, conditions.REGISTERED)
     was_lost = registered is not None and registered.reason == conditions.REGISTRATION_LOST
     compiled = conditions.from_status(status, conditions.COMPILED)
-    if op.store.registration_lost and old_phase == "Active" and compiled is not None:
+    if op.store.registration_lost and status.get("phase") == "Active" and compiled is not None:
         observation = conditions.Observation(compiled, _registration_lost(op))
     elif not op.store.registration_lost and was_lost:
         observation = await observe(op, body, name, generation)
     else:
         return
-    await write_status(op, name, conditions.status_patch(status, observation, generation, now()))
-    await _announce(op, body, old_phase, observation)
+    await _publish(op, body, observation)
 
 
 @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL)
@@ -265,7 +260,7 @@ async def delete(body: kopf.Body, status: kopf.Status, **_: Any) -> None:
     """Stop enforcing and unroute before Kopf removes the finalizer."""
     op = operator()
     name = object_key(body)
-    await write_status(op, name, conditions.terminating_patch(status, now()))
+    await write_status(op.api_client, name, conditions.terminating_patch(status, now()))
     await op.events.post_policy(op.api_client, name, body.metadata.uid, type_="Normal", reason="Terminating",
                                 message="removing the policy from the webhook configurations")
     op.store.forget(name, "its deletion began")
@@ -275,12 +270,20 @@ async def delete(body: kopf.Body, status: kopf.Status, **_: Any) -> None:
     logger.info("%s %s: unrouted; releasing the finalizer", api.PolicyKey.parse(name).kind, name)
 
 
-async def _announce(op: Operator, body: kopf.Body, old_phase: str | None,
-                    observation: conditions.Observation) -> None:
-    """One event and one log line per phase transition."""
+async def _publish(op: Operator, body: kopf.Body, observation: conditions.Observation,
+                   patch: kopf.Patch | None = None) -> None:
+    """The one way what a writer observed of a policy reaches it: its status (conditions, phase,
+    observedGeneration: ``conditions.status_patch``), written now or, in a handler, with Kopf's
+    own ``patch`` as the handler ends; then one event and one log line if the phase changed."""
+    name, status = object_key(body), body.status
+    written = conditions.status_patch(status, observation, int(body.metadata.get("generation") or 0), now())
+    if patch is not None:
+        patch.status.update(written)
+    else:
+        await write_status(op.api_client, name, written)
+    old_phase = status.get("phase")
     if old_phase == observation.phase:
         return
-    name = object_key(body)
     message = f"{old_phase or '(new)'} → {observation.phase}: {observation.ready.message}"
     warning = observation.phase in ("Failed", "Degraded") or observation.ready.reason == conditions.REGISTRATION_LOST
     logger.log(logging.WARNING if warning else logging.INFO, "%s %s: %s", api.PolicyKey.parse(name).kind, name, message)
