@@ -157,7 +157,7 @@ async def test_the_namespace_watcher_dying_once_is_restarted_and_the_replica_sta
     health, metrics = f"http://127.0.0.1:{env['AP_HEALTH_PORT']}", f"http://127.0.0.1:{env['AP_METRICS_PORT']}"
     with caplog.at_level(logging.INFO):
         async with operator_running(run_operator) as op:
-            await op.wait_for(lambda: state.operator().store.namespaces_loaded.is_set(), timeout=20)
+            await op.wait_for(lambda: state.operator().store.readiness.namespaces_loaded.is_set(), timeout=20)
             assert await op.wait_for(lambda: get_when(f"{health}/readyz", 200), timeout=20) == (200, "ready")
             assert await get(f"{health}/healthz") == (200, "ok")
             _, text = await get(f"{metrics}/metrics")

@@ -84,7 +84,7 @@ async def test_a_watch_resumed_into_410_lists_again_keeping_what_exists_and_forg
     assert policy_lists(emulator) == lists + 1, "one listing after the 410, no more"
     assert store.policies.get("kept") is kept, "a policy that still exists was dropped and reloaded"
     assert "dropped" not in store.policies and store.uids.keys() == {"kept", "edited"}
-    assert not store.unsynced, "a 410 is not a disconnection: /readyz must not say a watch is down"
+    assert not store.readiness.unsynced, "a 410 is not a disconnection: /readyz must not say a watch is down"
     assert not [m for m in messages if "failed" in m], messages
 
 
@@ -102,12 +102,13 @@ async def test_a_stalled_policy_watch_counts_as_down_until_listed_again(
     try:
         await wait_for(lambda: set(store.generations) == {"kept"}, timeout=10)
         with stalled(emulator, ADMISSION_POLICIES) as outage:
-            await wait_for(lambda: "AdmissionPolicies" in store.unsynced, timeout=10)
-            assert "not watching AdmissionPolicies" in store.out_of_sync()
+            await wait_for(lambda: "AdmissionPolicies" in store.readiness.unsynced, timeout=10)
+            assert "not watching AdmissionPolicies" in store.readiness.out_of_sync()
             assert set(store.generations) == {"kept"}, "the last state seen is kept meanwhile"
             outage.on = False
             await emulator.create(ADMISSION_POLICIES, enforced_policy("added", "object.metadata.name != 'worse'"))
-            await wait_for(lambda: set(store.generations) == {"kept", "added"} and not store.unsynced, timeout=10)
+            await wait_for(lambda: set(store.generations) == {"kept", "added"} and not store.readiness.unsynced,
+                           timeout=10)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -146,8 +147,8 @@ async def test_a_resource_whose_crd_is_missing_is_none_said_once_and_watched_onc
     caplog.set_level(logging.INFO, logger=cluster_watch.__name__)
     api_client = await new_api_client()
     task = asyncio.create_task(watcher.watch_tenant_policies(api_client, store) if path == TENANT_POLICIES else
-                               watcher.watch_exceptions(api_client, exceptions, store.unsynced))
-    loaded = store.tenant_policies_loaded if path == TENANT_POLICIES else exceptions.loaded
+                               watcher.watch_exceptions(api_client, exceptions, store.readiness.unsynced))
+    loaded = store.readiness.tenant_policies_loaded if path == TENANT_POLICIES else exceptions.loaded
     try:
         await asyncio.wait_for(loaded.wait(), 10)
         await asyncio.sleep(1.0)   # several looks meanwhile
@@ -155,7 +156,7 @@ async def test_a_resource_whose_crd_is_missing_is_none_said_once_and_watched_onc
         crd = "namespacedadmissionpolicy" if path == TENANT_POLICIES else "admissionpolicyexception"
         assert [r.getMessage() for r in said] == [f"{kind} are not served (is crds/{crd}.yaml applied?): none "
                                                   "applies until they are; looking again every 0s"], said
-        assert not store.unsynced
+        assert not store.readiness.unsynced
         not_served.on = False
         await emulator.create(path, body, namespace="team-a")
         if path == TENANT_POLICIES:

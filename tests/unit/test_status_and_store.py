@@ -163,23 +163,23 @@ def test_a_tenant_policy_calling_a_plugin_not_allowed_is_rejected_by_the_store()
 def test_ready_needs_both_listings(listed: tuple[str, ...]) -> None:
     """Serving before the tenants' policies are listed would admit what they deny."""
     store = PolicyStore()
-    store.listening.set()
+    store.readiness.listening.set()
     for event in listed:
-        getattr(store, event).set()
-    assert not store.ready
-    store.policies_loaded.set()
-    store.tenant_policies_loaded.set()
-    assert store.ready
+        getattr(store.readiness, event).set()
+    assert not store.readiness.ready
+    store.readiness.policies_loaded.set()
+    store.readiness.tenant_policies_loaded.set()
+    assert store.readiness.ready
 
 
 async def test_waiting_for_registration() -> None:
     store = PolicyStore()
-    assert not await store.wait_registered("p", 1, timeout=0.05)
-    await store.mark_registered({"p": 2})
-    assert await store.wait_registered("p", 1, timeout=0.05)
-    assert not await store.wait_unregistered("p", timeout=0.05)
-    await store.mark_registered({})
-    assert await store.wait_unregistered("p", timeout=0.05)
+    assert not await store.registration.wait_routed("p", 1, timeout=0.05)
+    await store.registration.mark_written({"p": 2})
+    assert await store.registration.wait_routed("p", 1, timeout=0.05)
+    assert not await store.registration.wait_unrouted("p", timeout=0.05)
+    await store.registration.mark_written({})
+    assert await store.registration.wait_unrouted("p", timeout=0.05)
 
 
 def test_lost_registration_is_pending_not_degraded_and_not_ready() -> None:
@@ -197,19 +197,19 @@ def test_conditions_are_read_back_from_a_status() -> None:
 
 async def test_a_lost_registration_unroutes_everything_until_the_next_write() -> None:
     store = PolicyStore()
-    await store.mark_registered({"p": 2})
-    changed = store.registration_changed()
-    await store.mark_lost("ValidatingWebhookConfiguration x is missing")
-    assert changed.is_set() and not store.registration_changed().is_set()
-    assert store.registration_lost == "ValidatingWebhookConfiguration x is missing"
-    assert not await store.wait_registered("p", 2, timeout=0.05)
-    changed = store.registration_changed()
-    await store.mark_registered({"p": 2})
-    assert changed.is_set() and store.registration_lost == ""
-    assert await store.wait_registered("p", 2, timeout=0.05)
+    await store.registration.mark_written({"p": 2})
+    changed = store.registration.changed()
+    await store.registration.mark_lost("ValidatingWebhookConfiguration x is missing")
+    assert changed.is_set() and not store.registration.changed().is_set()
+    assert store.registration.lost == "ValidatingWebhookConfiguration x is missing"
+    assert not await store.registration.wait_routed("p", 2, timeout=0.05)
+    changed = store.registration.changed()
+    await store.registration.mark_written({"p": 2})
+    assert changed.is_set() and store.registration.lost == ""
+    assert await store.registration.wait_routed("p", 2, timeout=0.05)
     # A write that changes nothing wakes no one.
-    changed = store.registration_changed()
-    await store.mark_registered({"p": 2})
+    changed = store.registration.changed()
+    await store.registration.mark_written({"p": 2})
     assert not changed.is_set()
 
 

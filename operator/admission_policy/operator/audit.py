@@ -132,8 +132,8 @@ class Auditor:
             logger.info("Background audit disabled (AP_AUDIT_INTERVAL=0)")
             return
         # Namespace labels decide namespaceSelector: judge nothing before they are known.
-        await self.store.policies_loaded.wait()
-        await self.store.namespaces_loaded.wait()
+        await self.store.readiness.policies_loaded.wait()
+        await self.store.readiness.namespaces_loaded.wait()
         while True:
             try:
                 await self.round()

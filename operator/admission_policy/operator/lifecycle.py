@@ -56,7 +56,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     bundle = await _ensure_certificates(api_client, config)
     paths = certificates.write_files(bundle, config.cert_dir)
     settings.admission.server = PolicyWebhookServer(
-        listening=store.listening, addr=config.listen_host, port=config.listen_port,
+        listening=store.readiness.listening, addr=config.listen_host, port=config.listen_port,
         certfile=paths.certfile, pkeyfile=paths.pkeyfile, cafile=paths.cafile, file_check_interval=10.0,
         max_connections=config.max_connections, body_timeout=config.webhook_timeout)
 
@@ -67,7 +67,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
                   ExceptionStore(config.namespace), kopf_settings=settings)
     state.install(op)
     op.runners.append(await _listening(
-        metrics.serve_probes(config.listen_host, config.health_port, lambda: store.ready, lambda: _trouble(op),
+        metrics.serve_probes(config.listen_host, config.health_port, lambda: store.readiness.ready,
+                             lambda: _trouble(op),
                              lambda: op.tasks.given_up(essential=True)),
         config.listen_host, config.health_port, "AP_HEALTH_PORT, the probes"))
     if config.metrics_port:
@@ -139,7 +140,8 @@ def _spawn_background_tasks(op: Operator) -> None:
     tasks.spawn("policy watcher", lambda: watcher.watch_policies(api_client, store))
     tasks.spawn("tenant policy watcher", lambda: watcher.watch_tenant_policies(api_client, store))
     tasks.spawn("namespace watcher", lambda: watcher.watch_namespaces(api_client, store))
-    tasks.spawn("exception watcher", lambda: watcher.watch_exceptions(api_client, op.exceptions, store.unsynced))
+    tasks.spawn("exception watcher",
+                lambda: watcher.watch_exceptions(api_client, op.exceptions, store.readiness.unsynced))
     tasks.spawn("exception status", lambda: exceptionstatus.follow_exceptions(op), essential=False)
     tasks.spawn("webhook configurations", lambda: registration.keep_configurations(
         api_client, config, store, op.discovery, lambda: op.bundle.ca_bundle))
@@ -159,7 +161,7 @@ def _spawn_background_tasks(op: Operator) -> None:
 
 def _trouble(op: Operator) -> str:
     """What /readyz adds after "ready": a watch that is down, a side task left dead."""
-    return "; ".join(filter(None, (op.store.out_of_sync(), op.tasks.given_up(essential=False))))
+    return "; ".join(filter(None, (op.store.readiness.out_of_sync(), op.tasks.given_up(essential=False))))
 
 
 def _report_broken_plugins(found: plugins.Registry) -> None:
@@ -174,8 +176,8 @@ async def _freeze_after_load(store: PolicyStore) -> None:
     """Once the policies are loaded and routed, move everything alive to the permanent GC
     generation: a full collection over the imports and the loaded policies costs tens of
     milliseconds, which would otherwise land on whatever request triggers it (p99)."""
-    await store.policies_loaded.wait()
-    await store.wait_registration_after(0, timeout=REGISTRATION_TIMEOUT)
+    await store.readiness.policies_loaded.wait()
+    await store.registration.wait_write_after(0, timeout=REGISTRATION_TIMEOUT)
     gc.collect()
     gc.freeze()
 

@@ -109,7 +109,7 @@ async def keep_native(op: Operator) -> None:
         served: Served = {}
         wake = _next_wake(op)
         try:
-            if op.store.policies_loaded.is_set() and op.exceptions.loaded.is_set() and await op.reconciles():
+            if op.store.readiness.policies_loaded.is_set() and op.exceptions.loaded.is_set() and await op.reconciles():
                 served = await sync(op)
         except asyncio.CancelledError:
             raise
@@ -417,13 +417,13 @@ async def _await_routes(op: Operator, name: str, scope: frozenset[str] | None) -
         if time.monotonic() > deadline:
             raise RuntimeError(f"the status of {name} was not seen within {SWITCH_TIMEOUT:.0f}s")
         await asyncio.sleep(0.1)
-    count = op.store.registration_count
+    count = op.store.registration.writes
     op.store.changed.set()
-    if not await op.store.wait_registration_after(count, max(deadline - time.monotonic(), 1.0)):
+    if not await op.store.registration.wait_write_after(count, max(deadline - time.monotonic(), 1.0)):
         raise RuntimeError(f"the webhook configurations were not written within {SWITCH_TIMEOUT:.0f}s")
     # The API server reads webhook configurations from a watch: proven loaded once it calls the
     # operator for the one request the configuration just written routes (``webhookconfig``).
-    probe = op.store.registration_probe
+    probe = op.store.registration.probe
     while time.monotonic() < deadline:
         code, answer = await _dry_run_event(op, probe)
         if code == 409 and f"probe {probe}" in message_of(answer):   # admission.probe's refusal

@@ -114,10 +114,10 @@ async def _observe(op: Operator, body: Mapping[str, Any], name: str, generation:
                                  "this generation did not compile")), None
     compiled_ok = conditions.Condition(conditions.COMPILED, "True", "Compiled",
                                    f"{len(compiled.policy.expressions())} CEL expression(s) compiled and type-checked")
-    if op.store.registration_lost:
+    if op.store.registration.lost:
         return conditions.Observation(compiled_ok, _registration_lost(op)), compiled
-    if not await op.store.wait_registered(name, generation, REGISTRATION_TIMEOUT):
-        if op.store.registration_lost:
+    if not await op.store.registration.wait_routed(name, generation, REGISTRATION_TIMEOUT):
+        if op.store.registration.lost:
             return conditions.Observation(compiled_ok, _registration_lost(op)), compiled
         return conditions.Observation(compiled_ok, conditions.Condition(
             conditions.REGISTERED, "Unknown", "Registering", "waiting for the webhook configurations to be written")), \
@@ -203,7 +203,7 @@ async def _unserved(op: Operator, compiled: Any, settle: bool) -> list[str]:
 
 def _registration_lost(op: Operator) -> conditions.Condition:
     return conditions.Condition(conditions.REGISTERED, "False", conditions.REGISTRATION_LOST,
-                                f"the webhook configurations do not route this policy: {op.store.registration_lost}")
+                                f"the webhook configurations do not route this policy: {op.store.registration.lost}")
 
 
 async def follow_registration(op: Operator) -> None:
@@ -217,18 +217,18 @@ async def follow_registration(op: Operator) -> None:
     or timer per policy would cost every policy a task and a kept copy of its body."""
     lost = False
     while True:
-        changed = op.store.registration_changed()
-        if bool(op.store.registration_lost) != lost or op.store.registration_lost:
+        changed = op.store.registration.changed()
+        if bool(op.store.registration.lost) != lost or op.store.registration.lost:
             try:
                 if await op.reconciles():
                     await _update_registered(op)
-                    lost = bool(op.store.registration_lost)
+                    lost = bool(op.store.registration.lost)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 logger.warning("Updating the policies' Registered condition failed: %s", exc)
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(FOLLOW_INTERVAL if op.store.registration_lost else None):
+            async with asyncio.timeout(FOLLOW_INTERVAL if op.store.registration.lost else None):
                 await changed.wait()
 
 
@@ -245,9 +245,9 @@ async def _follow(op: Operator, body: kopf.Body) -> None:
     registered = conditions.from_status(status, conditions.REGISTERED)
     was_lost = registered is not None and registered.reason == conditions.REGISTRATION_LOST
     compiled = conditions.from_status(status, conditions.COMPILED)
-    if op.store.registration_lost and status.get("phase") == "Active" and compiled is not None:
+    if op.store.registration.lost and status.get("phase") == "Active" and compiled is not None:
         observation = conditions.Observation(compiled, _registration_lost(op))
-    elif not op.store.registration_lost and was_lost:
+    elif not op.store.registration.lost and was_lost:
         observation = await observe(op, body, name, generation)
     else:
         return
@@ -264,7 +264,7 @@ async def delete(body: kopf.Body, status: kopf.Status, **_: Any) -> None:
     await op.events.post_policy(op.api_client, name, body.metadata.uid, type_="Normal", reason="Terminating",
                                 message="removing the policy from the webhook configurations")
     op.store.forget(name, "its deletion began")
-    if not await op.store.wait_unregistered(name, REGISTRATION_TIMEOUT):
+    if not await op.store.registration.wait_unrouted(name, REGISTRATION_TIMEOUT):
         raise kopf.TemporaryError("the webhook configurations still route this policy", delay=5)
     await native.remove(op, name)   # Kubernetes' own objects go with it
     logger.info("%s %s: unrouted; releasing the finalizer", api.PolicyKey.parse(name).kind, name)

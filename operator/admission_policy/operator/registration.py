@@ -70,7 +70,7 @@ class _Keeper:
 
     async def run(self) -> None:
         # Writing before the first full list would unroute every policy for a moment on each restart.
-        await self.store.policies_loaded.wait()
+        await self.store.readiness.policies_loaded.wait()
         backoff = 1.0
         while True:
             with contextlib.suppress(TimeoutError):
@@ -107,7 +107,7 @@ class _Keeper:
             else:
                 logger.info("Webhook configurations %s written for %d policies", name, len(snapshot))
         self.written = {validating["kind"]: validating, mutating["kind"]: mutating}
-        await self.store.mark_registered(generations, probe_name(validating))
+        await self.store.registration.mark_written(generations, probe_name(validating))
 
     async def report_loss(self, error: Exception) -> None:
         """After a failed write: if the API server no longer holds what was last written, no
@@ -120,7 +120,8 @@ class _Keeper:
             logger.debug("Cannot read the webhook configurations back: %s", exc)
             return
         if problem:
-            await self.store.mark_lost(f"{problem}, and writing it back failed ({_brief(error)}); retrying")
+            await self.store.registration.mark_lost(
+                f"{problem}, and writing it back failed ({_brief(error)}); retrying")
 
     async def watch(self, kind: str, lister: Callable[..., Any]) -> None:
         """Wake the writer when the configuration is deleted, or changed into something other

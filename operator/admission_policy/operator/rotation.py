@@ -56,9 +56,9 @@ class CertificateRotation:
             if bundle == self.served:
                 continue
             op.bundle = bundle
-            written = op.store.registration_count
+            written = op.store.registration.writes
             op.store.changed.set()
-            await op.store.wait_registration_after(written, timeout=REGISTRATION_TIMEOUT)
+            await op.store.registration.wait_write_after(written, timeout=REGISTRATION_TIMEOUT)
             # The API server calls with the caBundle its informer holds, a moment behind the write.
             await asyncio.sleep(op.config.cert_switch_grace)
             certificates.write_files(bundle, op.config.cert_dir)

@@ -50,13 +50,103 @@ def error_text(error: Exception) -> str:
     return str(error)
 
 
+class Registration:
+    """What the webhook configurations route, as last written, or why the API server lacks it.
+
+    The handlers wait on it (``wait_routed``) before they report a policy as enforced, so a
+    status never says Ready before the API server sends the policy's requests here."""
+
+    def __init__(self) -> None:
+        self.routed: dict[str, int] = {}   # generation per policy present in the written configurations
+        self.writes = 0                    # configurations written so far
+        self.probe = ""                    # ... the last of them proven loaded by this name
+        self.lost = ""                     # why the API server lacks what we wrote ("": it has it)
+        self._changed = asyncio.Event()    # set (and replaced) when ``routed`` or ``lost`` changes
+        self._condition = asyncio.Condition()
+
+    async def mark_written(self, generations: Mapping[str, int], probe: str = "") -> None:
+        """The configurations now route exactly these policies (at these generations); ``probe``:
+        the request only they route (``webhookconfig.probe_name``)."""
+        async with self._condition:
+            changed = self.routed != generations or self.lost
+            self.routed = dict(generations)
+            self.probe = probe
+            self.lost = ""
+            self.writes += 1
+            self._condition.notify_all()
+        if changed:
+            self._announce()
+
+    async def mark_lost(self, problem: str) -> None:
+        """The API server no longer holds what was written (deleted or edited by hand) and it could
+        not be written again: no policy counts as routed until a write succeeds."""
+        async with self._condition:
+            changed = bool(self.routed) or self.lost != problem
+            self.routed = {}
+            self.lost = problem
+            self._condition.notify_all()
+        if changed:
+            self._announce()
+
+    def changed(self) -> asyncio.Event:
+        """An event set at the next change of what is routed (or lost). Take it before reading
+        the state, then wait on it: a change in between is not missed."""
+        return self._changed
+
+    def _announce(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_write_after(self, count: int, timeout: float) -> bool:
+        """Wait for a write after the ``count``-th one (e.g. one carrying a renewed CA)."""
+        return await self._wait(lambda: self.writes > count, timeout)
+
+    async def wait_routed(self, name: str, generation: int, timeout: float) -> bool:
+        """Whether the configurations came to route this generation (or a later one) in time."""
+        return await self._wait(lambda: self.routed.get(name, -1) >= generation, timeout)
+
+    async def wait_unrouted(self, name: str, timeout: float) -> bool:
+        """Whether the configurations stopped routing ``name`` in time: its finalizer may go then."""
+        return await self._wait(lambda: name not in self.routed, timeout)
+
+    async def _wait(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        try:
+            async with asyncio.timeout(timeout), self._condition:
+                await self._condition.wait_for(predicate)
+        except TimeoutError:
+            return False
+        return True
+
+
+class Readiness:
+    """Whether this replica serves: its first listings are in and its server listens; and which
+    watches are down (they serve the last state seen meanwhile)."""
+
+    def __init__(self) -> None:
+        self.policies_loaded = asyncio.Event()           # the first full list is in
+        self.tenant_policies_loaded = asyncio.Event()    # ... of NamespacedAdmissionPolicies
+        self.namespaces_loaded = asyncio.Event()
+        self.listening = asyncio.Event()                 # the webhook server accepts connections
+        self.unsynced: dict[str, float] = {}             # watch → since when (monotonic) it failed, until relisted
+
+    @property
+    def ready(self) -> bool:
+        """Serving: the first listing is in and the server listens. It stays so while the API server is
+        unreachable: the last policy set is still the best answer, and an unready replica would only
+        leave the API server with no webhook to call (see :meth:`out_of_sync`)."""
+        return self.policies_loaded.is_set() and self.tenant_policies_loaded.is_set() and self.listening.is_set()
+
+    def out_of_sync(self) -> str:
+        """What /readyz adds while a watch is down ("" while every one is in sync)."""
+        now = time.monotonic()
+        return "; ".join(f"not watching {what} for {now - since:.0f}s (serving the last state seen, retrying)"
+                         for what, since in sorted(self.unsynced.items()))
+
+
 class PolicyStore:
     """The replica's state shared by its watcher, its webhook and its status handlers: the
-    policy set requests read, what failed to load, and what the webhook configurations route.
-
-    The one writer of the policy set (``observe``, ``forget``, ``sync``); the handlers wait on it
-    (``wait_registered``) before they report a policy as enforced, so a status never says
-    Ready before the API server sends the policy's requests here."""
+    policy set requests read, what failed to load, and (``registration``) what the webhook
+    configurations route. The one writer of the policy set (``observe``, ``forget``, ``sync``)."""
 
     def __init__(self, default_failure_policy: api.FailurePolicy = "Fail",
                  tenant_plugins: Collection[str] = ()) -> None:
@@ -73,34 +163,12 @@ class PolicyStore:
         self.statuses: dict[str, tuple[Mapping[str, Any], str]] = {}
         self.rejected: dict[str, Rejected] = {}
         self.namespaces: dict[str, Mapping[str, Any]] = {}
-        self.registered: dict[str, int] = {}             # generation present in written configurations
-        self.registration_count = 0                      # configurations written so far
-        self.registration_probe = ""                     # ... the last of them proven loaded by this name
-        self.registration_lost = ""                      # why the API server lacks what we wrote ("": it has it)
-        self._registration_changed = asyncio.Event()     # set (and replaced) when either of the two changes
-        self._policies_changed = asyncio.Event()         # set (and replaced) when a policy or its enforcer changes
-        self.policies_loaded = asyncio.Event()           # the first full list is in
-        self.tenant_policies_loaded = asyncio.Event()    # ... of NamespacedAdmissionPolicies
-        self.namespaces_loaded = asyncio.Event()
-        self.unsynced: dict[str, float] = {}             # watch → since when (monotonic) it failed, until relisted
-        self.listening = asyncio.Event()                 # the webhook server accepts connections
+        self.registration = Registration()
+        self.readiness = Readiness()
         self.changed = asyncio.Event()                   # the configurations need rewriting
-        self._registration = asyncio.Condition()
+        self._policies_changed = asyncio.Event()         # set (and replaced) when a policy or its enforcer changes
         # Called with each new policy set (the caches of params and context follow it: sources.py).
         self.on_change: Callable[[PolicySet], None] | None = None
-
-    @property
-    def ready(self) -> bool:
-        """Serving: the first listing is in and the server listens. It stays so while the API server is
-        unreachable: the last policy set is still the best answer, and an unready replica would only
-        leave the API server with no webhook to call (see :meth:`out_of_sync`)."""
-        return self.policies_loaded.is_set() and self.tenant_policies_loaded.is_set() and self.listening.is_set()
-
-    def out_of_sync(self) -> str:
-        """What /readyz adds while a watch is down ("" while every one is in sync)."""
-        now = time.monotonic()
-        return "; ".join(f"not watching {what} for {now - since:.0f}s (serving the last state seen, retrying)"
-                         for what, since in sorted(self.unsynced.items()))
 
     def observe(self, body: Mapping[str, Any]) -> None:
         """A policy as the watcher sees it: load it, or drop it when it is not to be enforced."""
@@ -188,61 +256,9 @@ class PolicyStore:
     def sync(self, names: set[str], *, namespaced: bool = False) -> None:
         """After a full list of one kind (cluster or namespaced policies): forget what it no longer
         holds (deleted while not watching)."""
-        for name in {key for key in self.generations if ("/" in key) == namespaced} - names:
+        for name in {key for key in self.generations
+                     if (api.PolicyKey.parse(key).namespace is not None) == namespaced} - names:
             self.forget(name, "a fresh listing no longer holds it")
-
-    async def mark_registered(self, generations: Mapping[str, int], probe: str = "") -> None:
-        """The configurations now route exactly these policies (at these generations); ``probe``:
-        the request only they route (``webhookconfig.probe_name``)."""
-        async with self._registration:
-            changed = self.registered != generations or self.registration_lost
-            self.registered = dict(generations)
-            self.registration_probe = probe
-            self.registration_lost = ""
-            self.registration_count += 1
-            self._registration.notify_all()
-        if changed:
-            self._announce_registration_change()
-
-    async def mark_lost(self, problem: str) -> None:
-        """The API server no longer holds what was written (deleted or edited by hand) and it could
-        not be written again: no policy counts as routed until a write succeeds."""
-        async with self._registration:
-            changed = bool(self.registered) or self.registration_lost != problem
-            self.registered = {}
-            self.registration_lost = problem
-            self._registration.notify_all()
-        if changed:
-            self._announce_registration_change()
-
-    def registration_changed(self) -> asyncio.Event:
-        """An event set at the next change of what is registered (or lost). Take it before reading
-        the state, then wait on it: a change in between is not missed."""
-        return self._registration_changed
-
-    def _announce_registration_change(self) -> None:
-        self._registration_changed.set()
-        self._registration_changed = asyncio.Event()
-
-    async def wait_registration_after(self, count: int, timeout: float) -> bool:
-        """Wait for a write after the ``count``-th one (e.g. one carrying a renewed CA)."""
-        return await self._wait(lambda: self.registration_count > count, timeout)
-
-    async def wait_registered(self, name: str, generation: int, timeout: float) -> bool:
-        """Whether the configurations came to route this generation (or a later one) in time."""
-        return await self._wait(lambda: self.registered.get(name, -1) >= generation, timeout)
-
-    async def wait_unregistered(self, name: str, timeout: float) -> bool:
-        """Whether the configurations stopped routing ``name`` in time: its finalizer may go then."""
-        return await self._wait(lambda: name not in self.registered, timeout)
-
-    async def _wait(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        try:
-            async with asyncio.timeout(timeout), self._registration:
-                await self._registration.wait_for(predicate)
-        except TimeoutError:
-            return False
-        return True
 
 
 class ExceptionStore:

@@ -24,7 +24,7 @@ async def watch_policies(api_client: client.ApiClient, store: PolicyStore) -> No
     await list_and_watch(
         "AdmissionPolicies",
         lambda **kw: objects.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL, **kw),
-        store.apply, store.sync, store.policies_loaded, store.unsynced)
+        store.apply, store.sync, store.readiness.policies_loaded, store.readiness.unsynced)
 
 
 async def watch_tenant_policies(api_client: client.ApiClient, store: PolicyStore) -> None:
@@ -34,8 +34,8 @@ async def watch_tenant_policies(api_client: client.ApiClient, store: PolicyStore
     await list_and_watch(
         "NamespacedAdmissionPolicies",
         lambda **kw: objects.list_cluster_custom_object(api.GROUP, api.VERSION, api.NAMESPACED_PLURAL, **kw),
-        store.apply, lambda names: store.sync(names, namespaced=True), store.tenant_policies_loaded, store.unsynced,
-        crd="crds/namespacedadmissionpolicy.yaml")
+        store.apply, lambda names: store.sync(names, namespaced=True), store.readiness.tenant_policies_loaded,
+        store.readiness.unsynced, crd="crds/namespacedadmissionpolicy.yaml")
 
 
 async def watch_exceptions(api_client: client.ApiClient, store: ExceptionStore,
@@ -62,7 +62,7 @@ async def watch_namespaces(api_client: client.ApiClient, store: PolicyStore) -> 
         for name in set(store.namespaces) - names:
             store.namespaces.pop(name, None)
 
-    await list_and_watch("Namespaces", core.list_namespace, on_event, on_listed, store.namespaces_loaded,
-                          store.unsynced)
+    await list_and_watch("Namespaces", core.list_namespace, on_event, on_listed, store.readiness.namespaces_loaded,
+                          store.readiness.unsynced)
 
 
