@@ -366,11 +366,11 @@ class AdmissionPolicy:
 
     @property
     def key(self) -> PolicyKey:
-        return PolicyKey(self.kind, self.namespace, self.object_name)
+        return PolicyKey.policy(self.namespace, self.object_name)
 
     @property
     def kind(self) -> str:
-        return KIND if self.namespace is None else NAMESPACED_KIND
+        return self.key.kind
 
     @property
     def object_name(self) -> str:
@@ -459,7 +459,7 @@ def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionP
         param_ref=param_ref,
         context=context,
         namespace=namespace,
-        name=str(PolicyKey(NAMESPACED_KIND if namespace else KIND, namespace, name)),
+        name=str(PolicyKey.policy(namespace, name)),
         generation=generation,
         description=description,
         enforcement=cast(Enforcement, enforcement),
@@ -510,18 +510,23 @@ class PolicyKey(NamedTuple):
         return f"{self.namespace}/{self.name}" if self.namespace else self.name
 
     @classmethod
-    def parse(cls, text: str, kind: str | None = None) -> PolicyKey:
-        """The key ``str`` made. A policy's kind follows from it (a namespace: a tenant's policy)."""
-        namespace, _, name = text.rpartition("/")
-        return cls(kind or (NAMESPACED_KIND if namespace else KIND), namespace or None, name)
+    def policy(cls, namespace: str | None, name: str) -> PolicyKey:
+        """A policy's key: a namespace makes it a tenant's (NamespacedAdmissionPolicy)."""
+        return cls(NAMESPACED_KIND if namespace else KIND, namespace or None, name)
 
     @classmethod
-    def of(cls, body: Mapping[str, Any], kind: str | None = None) -> PolicyKey:
-        """The key of an object read from the API (``kind``: when its body does not say it)."""
+    def parse(cls, text: str, kind: str | None = None) -> PolicyKey:
+        """The key ``str`` made; without ``kind``, a policy's."""
+        namespace, _, name = text.rpartition("/")
+        return cls(kind, namespace or None, name) if kind else cls.policy(namespace, name)
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> PolicyKey:
+        """The key of an object read from the API; without a kind in its body, a policy's."""
         metadata = body.get("metadata") or {}
-        namespace = metadata.get("namespace") or None
-        found = kind or body.get("kind") or (NAMESPACED_KIND if namespace else KIND)
-        return cls(str(found), None if namespace is None else str(namespace), str(metadata.get("name", "")))
+        namespace, name = metadata.get("namespace") or None, str(metadata.get("name", ""))
+        kind = body.get("kind")
+        return cls(str(kind), namespace, name) if kind else cls.policy(namespace, name)
 
 
 def object_header(root: Mapping[str, Any], kind: str) -> tuple[Mapping[str, Any], str, int]:

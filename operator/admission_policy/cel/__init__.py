@@ -10,37 +10,29 @@ libraries, and what keeps an expression within bounds.
 Callers use the names below; the modules are imported by name where their own parts are needed.
 """
 from .environment import (
-    PER_CALL_LIMIT,
     POLICY_BUDGET,
     VARIABLE_TYPES,
     VARIABLES,
     CelCompileError,
     CelEvaluationError,
     CompiledExpression,
-    ResultKind,
     check,
     compile_expression,
-    explain,
     new_activation,
     new_environment,
     referenced_variables,
-    unbounded,
 )
 
 __all__ = [
-    "PER_CALL_LIMIT",
     "POLICY_BUDGET",
     "VARIABLES",
     "VARIABLE_TYPES",
     "CelCompileError",
     "CelEvaluationError",
     "CompiledExpression",
-    "ResultKind",
     "check",
     "compile_expression",
-    "explain",
     "new_activation",
     "new_environment",
     "referenced_variables",
-    "unbounded",
 ]

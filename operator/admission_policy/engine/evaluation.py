@@ -1,6 +1,6 @@
 """compiled policies + request → Decision. Pure and synchronous: no I/O, no Kopf, no clients.
 
-The evaluation is a composition of stages, each returning typed results (``verdicts``):
+The evaluation is a composition of stages, each with typed results (``verdicts``):
 ``PolicySet.candidates`` (cluster policies and the namespace's tenant policies that match the
 resource), then per policy ``selection`` and its ``mutation`` or ``validation`` stage, filling in
 its ``PolicyVerdict``; the ``waiver`` drops what exceptions in force cover, by rule identity; and

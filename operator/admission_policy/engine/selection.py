@@ -25,7 +25,7 @@ def selected(view: View, policy: CompiledPolicy) -> bool:
     match = policy.policy.match
     request = view.context.request
     namespace = request.namespace
-    if policy.policy.namespace is not None and (namespace != policy.policy.namespace or is_namespace(
+    if policy.policy.namespace is not None and (namespace != policy.policy.namespace or _is_namespace(
             request)):   # a Namespace's request carries its own name as namespace
         return False
     if namespace and namespace in match.exclude_namespaces:
@@ -51,7 +51,7 @@ def conditions_hold(scope: Scope, verdict: PolicyVerdict) -> bool:
     return True
 
 
-def is_namespace(request: AdmissionRequest) -> bool:
+def _is_namespace(request: AdmissionRequest) -> bool:
     return request.resource == "namespaces" and request.group == ""
 
 
@@ -78,7 +78,7 @@ def _labels(view: View, template: tuple[str, ...] = ()) -> Iterator[Mapping[str,
 def _namespace_matches(view: View, selector: LabelSelector) -> bool:
     """A cluster-scoped object is not subject to a namespaceSelector; a Namespace is its own."""
     context = view.context
-    if is_namespace(context.request):
+    if _is_namespace(context.request):
         return any(selector.matches(labels) for labels in _labels(view))
     if not context.request.namespace:
         return True

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 from ..cel import CelEvaluationError
 from .compiler import CompiledPolicy
@@ -28,23 +27,19 @@ class Waiver:
         self.exceptions = exceptions
         self.now = now
         self.exempted: dict[Exemption, None] = {}   # in the order waived, each once
-        self._covering: dict[tuple[str, tuple[str, ...]], tuple[Any, _Covering]] = {}
 
     def waived(self, view: View, policy: CompiledPolicy, rule: str) -> bool:
         """Whether an exception in force covers this rule's verdict here; if so, it is recorded."""
-        for compiled, rules in self._exceptions_covering(view, policy):
+        covering = view.kept(("exceptions", policy.name, policy.template), lambda: self._covering(view, policy))
+        for compiled, rules in covering:
             if rules is None or rule in rules:
                 self.exempted[exemption(compiled, policy.name, rule)] = None
                 return True
         return False
 
-    def _exceptions_covering(self, view: View, policy: CompiledPolicy) -> _Covering:
+    def _covering(self, view: View, policy: CompiledPolicy) -> _Covering:
         """The exceptions covering the policy on the object as it is now (a mutation may relabel it),
         their conditions evaluated with the policy's own bindings: a workload's Pod template as a Pod."""
-        key = (policy.name, policy.template)
-        cached = self._covering.get(key)
-        if cached is not None and cached[0] is view.object:
-            return cached[1]
         new, old = view.object, view.context.request.old_object
         if policy.template:
             new, old = pod_view(new, policy.template), pod_view(old, policy.template)
@@ -56,7 +51,6 @@ class Waiver:
                     found.append((compiled, rules))
             except CelEvaluationError:   # an exception that cannot be judged does not apply
                 continue
-        self._covering[key] = (view.object, found)
         return found
 
 

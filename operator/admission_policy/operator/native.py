@@ -453,9 +453,8 @@ def _owner(obj: Mapping[str, Any]) -> str:
     if generate.POLICY_ANNOTATION in annotations:
         return str(annotations[generate.POLICY_ANNOTATION])
     labels = obj.get("metadata", {}).get("labels") or {}
-    namespace = labels.get(generate.POLICY_NAMESPACE_LABEL) or None
-    kind = api.KIND if namespace is None else api.NAMESPACED_KIND
-    return str(api.PolicyKey(kind, namespace, labels.get(generate.POLICY_NAME_LABEL, "")))
+    return str(api.PolicyKey.policy(labels.get(generate.POLICY_NAMESPACE_LABEL),
+                                    labels.get(generate.POLICY_NAME_LABEL, "")))
 
 
 def _holds(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
