@@ -68,7 +68,7 @@ ACCEPTED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "spec": frozenset({
         "description", "enforcement", "failurePolicy", "match", "podControllers", "paramKind", "paramRef",
         "context", "variables", "validations", "mutations", "reportAdmission", "exceptions", "reinvocationPolicy",
-        "native",
+        "native", "typeChecking",
     }),
     "spec.exceptions": frozenset({"allowed", "maxDuration", "approval"}),
     "spec.paramKind": frozenset({"apiVersion", "kind"}),
@@ -93,7 +93,10 @@ ACCEPTED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "spec.mutations[]": frozenset({"name", "condition", "jsonPatch", "merge", "mergeMode", "plugin"}),
     "spec.mutations[].plugin": frozenset({"name", "config"}),
     "spec.mutations[].jsonPatch[]": frozenset({"op", "path", "from", "value", "valueExpression"}),
-    "status": frozenset({"phase", "observedGeneration", "conditions", "podControllers", "audit", "native"}),
+    "status": frozenset({"phase", "observedGeneration", "conditions", "podControllers", "audit", "native",
+                         "typeChecking"}),
+    "status.typeChecking": frozenset({"expressionWarnings"}),
+    "status.typeChecking.expressionWarnings[]": frozenset({"fieldRef", "warning"}),
     "status.native": frozenset({"enforcedBy", "reason", "message", "generation", "handedBack", "objects",
                                 "typeChecking"}),
     "status.native.objects[]": frozenset({"apiVersion", "kind", "name"}),
@@ -357,6 +360,9 @@ class AdmissionPolicy:
     # Auto: Kubernetes enforces the policy itself when it can (vap/native.py); Never: the webhook
     # always does; None: the cluster's default (AP_NATIVE_DEFAULT).
     native: Literal["Auto", "Never"] | None = None
+    # Deny: `kubectl apply` refuses the policy while an expression does not type-check against the
+    # schemas of the kinds it matches (engine/typecheck.py); Warn: a warning and status only.
+    type_checking: Literal["Warn", "Deny"] = "Warn"
     exceptions: ExceptionRules = ExceptionRules()
     # IfNeeded: its mutations run again when a later policy changed the object, as the API server
     # reinvokes a webhook or a MutatingAdmissionPolicy with this field (their default: Never).
@@ -472,6 +478,8 @@ def _parse_policy(obj: Any, default_failure_policy: FailurePolicy) -> AdmissionP
         report_admission=fields.boolean(spec.get("reportAdmission", False), "spec.reportAdmission"),
         native=cast(Literal["Auto", "Never"], fields.enum(spec["native"], "spec.native", ("Auto", "Never")))
         if spec.get("native") is not None else None,
+        type_checking=cast(Literal["Warn", "Deny"], fields.enum(spec.get("typeChecking", "Warn"), "spec.typeChecking",
+                                                                ("Warn", "Deny"))),
         exceptions=_parse_exception_rules(spec.get("exceptions")),
         reinvocation_policy=cast(ReinvocationPolicy, fields.enum(spec.get("reinvocationPolicy", "Never"),
                                                            "spec.reinvocationPolicy", REINVOCATION_POLICIES)),

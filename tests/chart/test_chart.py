@@ -230,7 +230,7 @@ def test_operator_cluster_role_is_exactly_what_the_operator_uses(chart: helm.Cha
     allow("policy-operator.dev", "admissionpolicyexceptions", "list watch")
     allow("policy-operator.dev", "admissionpolicyexceptions/status", "patch")
     allow("", "events", "create")
-    allow("apiextensions.k8s.io", "customresourcedefinitions", "list watch")
+    allow("apiextensions.k8s.io", "customresourcedefinitions", "get list watch")
     allow("", "namespaces", "get list watch")
     for kind in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):
         allow("admissionregistration.k8s.io", kind, "create")

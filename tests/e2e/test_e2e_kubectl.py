@@ -92,10 +92,10 @@ def test_apply_watch_and_describe(cluster: Cluster, policies: Policies) -> None:
     text = eventually(described, lambda t: "<none>" not in describe_section(t, "Events"),
                       f"events of {name} in kubectl describe", cluster.settings.timeout)
     status = describe_section(text, "Status")
-    for condition in ("Compiled", "Registered", "Ready"):
+    for condition in ("Compiled", "Registered", "Ready", "TypeChecked"):
         assert re.search(rf"Status:\s+True\s+Type:\s+{condition}\b", status), status
     # Each condition, and the status; Native too once native enforcement has looked at the policy.
-    assert len(re.findall(r"Observed Generation:\s+1\n", status)) in (4, 5), status
+    assert len(re.findall(r"Observed Generation:\s+1\n", status)) in (5, 6), status
     events = describe_section(text, "Events")
     assert re.search(r"Normal\s+Active\s+.*admission-policy-operator\s+\(new\) → Active", events), events
 

@@ -62,7 +62,9 @@ async def test_create_adds_finalizer_and_reaches_active_with_conditions(
     assert body["status"]["observedGeneration"] == body["metadata"]["generation"]
     # Reconciliation's conditions; native enforcement adds its own (Native) on its next pass.
     found = {kind: c for kind, c in conditions(body).items() if kind != "Native"}
-    assert set(found) == {"Compiled", "Registered", "Ready"}
+    assert set(found) == {"Compiled", "Registered", "Ready", "TypeChecked"}
+    assert found["TypeChecked"]["reason"] == "Checked" and "v1, Kind=Pod" in found["TypeChecked"]["message"]
+    assert body["status"]["typeChecking"] == {"expressionWarnings": []}
     for condition in found.values():
         assert condition["status"] == "True"
         assert condition["observedGeneration"] == body["metadata"]["generation"]

@@ -84,17 +84,18 @@ _TIERS: Final = 3
 
 
 def new_environment(functions: Sequence[lib.Function], extra: Sequence[cel.CelExtensionBase] = (),
-                    hidden: Collection[str] = ()) -> cel.Env:
+                    hidden: Collection[str] = (), types: Mapping[str, cel.Type] | None = None) -> cel.Env:
     """An environment of Kubernetes' CEL (``compat`` makes cel-expr-python's base Kubernetes'),
     with ``functions`` from ``cel.lib``, the ``extra`` extensions and every policy variable but the
-    ``hidden`` ones. ``vap.portability`` builds Kubernetes' own with it, without our additions."""
+    ``hidden`` ones. ``vap.portability`` builds Kubernetes' own with it, without our additions;
+    ``engine.typecheck`` declares ``types`` for some variables (``object``, ``variables.x`` …)."""
     extensions: list[cel.CelExtensionBase] = [ext_strings.ExtStrings(version=2), ext_optional.ExtOptional(),
                                               compat.extension(), *extra]
     others = [declared for declared in functions if declared.name not in compat.ORDERING_NAMES]
     extensions.append(lib.extension(others))
     return cel.NewEnv(descriptor_pool=lib.pool(), config=cel.NewEnvConfigFromYaml(compat.CONFIG),
-                      variables={name: VARIABLE_TYPES.get(name, cel.Type.DYN) for name in VARIABLES
-                                 if name not in hidden},
+                      variables={**{name: VARIABLE_TYPES.get(name, cel.Type.DYN) for name in VARIABLES
+                                    if name not in hidden}, **(types or {})},
                       extensions=extensions, functions=[*lib.declarations(others), *compat.declarations(functions)],
                       function_impls={**lib.implementations(others), **compat.implementations(functions)})
 
@@ -102,13 +103,40 @@ def new_environment(functions: Sequence[lib.Function], extra: Sequence[cel.CelEx
 @functools.cache
 def _environment(tier: int) -> cel.Env:
     """The environment of tier ``tier`` (see _TIERS)."""
+    return _tier_environment(tier)
+
+
+def _tier_environment(tier: int, types: Mapping[str, cel.Type] | None = None) -> cel.Env:
     extra: list[cel.CelExtensionBase] = [ext_bindings.ExtBindings()]   # cel.bind: ours, not Kubernetes'
     if tier >= 1:
         from cel_expr_python.ext import ext_encoders, ext_math
         extra += [ext_encoders.ExtEncoders(), ext_math.ExtMath()]
     # Kubernetes' lists library runs as native loops (``lists.expand``): in every environment, so
     # that ``x.indexOf(y)`` means the same wherever it compiles.
-    return new_environment(lib.functions() if tier >= 2 else list(lists.LIBRARY.functions), extra)
+    return new_environment(lib.functions() if tier >= 2 else list(lists.LIBRARY.functions), extra, types=types)
+
+
+def typed_environment(types: Mapping[str, cel.Type]) -> cel.Env:
+    """The fullest environment with some variables typed (``engine.typecheck``): for checking only."""
+    return _tier_environment(_TIERS - 1, types)
+
+
+def type_of(environment: cel.Env, expression: Expression) -> tuple[cel.Type, list[CelCompileError]]:
+    """The type ``expression`` checks to in ``environment`` (``dyn`` if it does not), and each of
+    the checker's errors apart, at its own line and column."""
+    try:
+        return check(environment, expression.source).return_type(), []
+    except RuntimeError as exc:
+        errors: dict[str, CelCompileError] = {}
+        for line in str(exc).splitlines():
+            found = _LOCATION.search(line)
+            if found and _clean(found[3]) not in errors:
+                position = (int(found[1]), int(found[2])) if int(found[1]) > 0 else (None, None)
+                errors[_clean(found[3])] = CelCompileError(expression.path, _clean(found[3]), *position)
+        if not errors:
+            line_number, column, message = _locate(str(exc))
+            errors[message] = CelCompileError(expression.path, message, line_number, column)
+        return cel.Type.DYN, list(errors.values())
 
 
 def check(environment: cel.Env, source: str) -> Any:

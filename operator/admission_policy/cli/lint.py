@@ -6,7 +6,9 @@ policy that compiles is also judged for portability to a ValidatingAdmissionPoli
 (``vap.portability``), after the compile results, so that those keep their place for scripts.
 NamespacedAdmissionPolicies are linted alike, named "namespace/name" as the engine names them.
 AdmissionPolicyExceptions among them are checked as the webhook will check them at `kubectl
-apply` (``policyexception.check_exception``), against the policies linted with them.
+apply` (``policyexception.check_exception``), against the policies linted with them. Every policy
+that compiles is type-checked against the schemas of the kinds it matches (``engine.typecheck``):
+the built-in kinds, and the CustomResourceDefinitions found among the files.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import api, policyexception
+from ..engine.kinds import Catalog, is_crd
+from ..engine.typecheck import TypeWarning, type_check
 from ..vap.portability import Portability, portability
 from .documents import (
     Document,
@@ -43,6 +47,7 @@ class LintResult:
     portability: Portability | None = None   # for a policy that compiles
     kind: str = api.KIND         # or NamespacedAdmissionPolicy, AdmissionPolicyException ("namespace/name")
     spec: api.AdmissionPolicy | None = dataclasses.field(default=None, repr=False)   # a policy that compiles
+    type_warnings: tuple[TypeWarning, ...] = ()   # expressions that do not type-check (engine.typecheck)
 
     @property
     def ok(self) -> bool:
@@ -56,8 +61,12 @@ def lint_policies(paths: Iterable[str], now: float | None = None) -> list[LintRe
     seen: dict[str, str] = {}
     results: list[LintResult] = []
     exceptions: list[Document] = []
+    crds: list[Any] = []
     for root in paths:
-        results.extend(_lint_root(root, seen, exceptions))
+        results.extend(_lint_root(root, seen, exceptions, crds))
+    catalog = Catalog(crds)
+    results = [dataclasses.replace(result, type_warnings=type_check(result.spec, catalog).warnings)
+               if result.spec is not None else result for result in results]
     policies = [result.spec for result in results if result.spec is not None]
     checked_at = time.time() if now is None else now
     results.extend(_lint_exception(document, policies, checked_at) for document in exceptions)
@@ -83,7 +92,7 @@ def _lint_exception(document: Document, policies: list[api.AdmissionPolicy], now
                       kind=policyexception.KIND)
 
 
-def _lint_root(root: str, seen: dict[str, str], exceptions: list[Document]) -> list[LintResult]:
+def _lint_root(root: str, seen: dict[str, str], exceptions: list[Document], crds: list[Any]) -> list[LintResult]:
     in_directory = Path(root).is_dir()
     try:
         files = list(walk(Path(root)))
@@ -99,6 +108,7 @@ def _lint_root(root: str, seen: dict[str, str], exceptions: list[Document]) -> l
         results.extend(_lint_document(document, seen) for document in documents
                        if document.kind in api.POLICY_KINDS)
         exceptions.extend(document for document in documents if is_exception(document))
+        crds.extend(document.body for document in documents if is_crd(document.body))
     if not results and not any(document.source.startswith(root) for document in exceptions):
         results.append(LintResult(root, "", (f"{root}: no AdmissionPolicy or {api.NAMESPACED_KIND} found",)))
     return results
@@ -124,11 +134,15 @@ def lint_text(results: list[LintResult]) -> str:
         if result.ok:
             lines.append(f"ok     {result.source}: {result.kind} {result.policy!r}")
         lines.extend(f"warn   {warning}" for warning in result.warnings)
+        lines.extend(f"warn   {result.source}: {result.kind} {result.policy!r}: {warning.field_ref}: {line}"
+                     for warning in result.type_warnings for line in warning.warning.splitlines())
         lines.extend(f"error  {error}" for error in result.errors)
     failed = sum(not result.ok for result in results)
     skipping = sum(bool(result.warnings) for result in results if result.kind in api.POLICY_KINDS)
+    mistyped = sum(bool(result.type_warnings) for result in results)
     lines.append(f"\n{len(results) - failed} compiled, {failed} with errors"
-                 + (f", {skipping} with plugin rules a feature gate switches off" if skipping else ""))
+                 + (f", {skipping} with plugin rules a feature gate switches off" if skipping else "")
+                 + (f", {mistyped} with expressions that do not type-check" if mistyped else ""))
     judged = [result for result in results if result.portability is not None]
     if judged:
         lines += ["", "As a ValidatingAdmissionPolicy:"]
@@ -157,5 +171,6 @@ def lint_json(results: list[LintResult]) -> dict[str, Any]:
             "policies": [{"source": r.source, "kind": r.kind, "name": r.policy or None, "ok": r.ok,
                           "errors": list(r.errors),
                           "warnings": list(r.warnings),
+                          "typeChecking": [w.as_status() for w in r.type_warnings],
                           "portability": r.portability.as_json() if r.portability is not None else None}
                          for r in results]}

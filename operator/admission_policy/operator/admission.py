@@ -22,7 +22,7 @@ from ..cluster.routing import never_judged
 from ..engine import Decision, Phase, PolicyCompileError, evaluate, load_policy
 from ..engine.exceptions import compile_exception
 from ..engine.request import AdmissionRequest
-from . import authorizer, exceptionreview, metrics
+from . import authorizer, exceptionreview, metrics, typechecking
 from .apart import run_apart
 from .state import Operator, operator
 from .store import error_text
@@ -120,14 +120,20 @@ async def _validate_policy(*, tenant: bool) -> None:
         problems = tenant_problems(op.config, compiled, await _discovered(op), op.store.policies) if tenant else []
     except (api.PolicyError, PolicyCompileError, _NoDiscovery) as error:
         problems = [error_text(error)]
+    key = api.PolicyKey(api.NAMESPACED_KIND, request.namespace, request.name) if tenant else \
+        api.PolicyKey(api.KIND, None, request.name)
+    warnings: tuple[str, ...] = ()
+    if not problems:
+        checked = await typechecking.check(op, compiled.policy, op.config.evaluation_deadline)
+        warnings = typechecking.admission_warnings(key, checked)
+        if warnings and compiled.policy.type_checking == "Deny":
+            problems = [f"{w.field_ref}: {w.warning}" for w in checked.warnings] if checked else []
     if problems:
-        key = api.PolicyKey(api.NAMESPACED_KIND, request.namespace, request.name) if tenant else \
-            api.PolicyKey(api.KIND, None, request.name)
         message = f"{key.kind} {str(key)!r} is invalid: {'; '.join(problems)}"
         exchange.decision = Decision(allowed=False, code=422, reason="Invalid", message=message)
         op.decisions.refused_policy(request, message)
         return
-    exchange.decision = Decision(allowed=True)
+    exchange.decision = Decision(allowed=True, warnings=warnings)
 
 
 class _NoDiscovery(Exception):

@@ -24,7 +24,8 @@ GATED_OFF: Final = "FeatureGateDisabled"
 INPUTS_SYNCED: Final = "InputsSynced"
 NOT_SYNCED: Final = "NotSynced"
 OVER_MAX_OBJECTS: Final = "OverMaxObjects"
-_OWN_CONDITIONS: Final = frozenset({COMPILED, REGISTERED, READY, PLUGINS_ENABLED, INPUTS_SYNCED})
+TYPE_CHECKED: Final = "TypeChecked"
+_OWN_CONDITIONS: Final = frozenset({COMPILED, REGISTERED, READY, PLUGINS_ENABLED, INPUTS_SYNCED, TYPE_CHECKED})
 
 # Registered=False for this reason is the operator's own trouble (its webhook configurations were
 # deleted or edited and cannot be written back), retried by itself: Pending, not Degraded, which
@@ -63,6 +64,11 @@ class Observation:
     # stale or cut list). None: the policy reads neither.
     inputs: Condition | None = None
     reports_inputs: bool = False
+    # TypeChecked (``operator/typechecking.py``) and the warnings behind it, as a
+    # ValidatingAdmissionPolicy's ``status.typeChecking.expressionWarnings``: never a change of
+    # phase. None: not observed (a status rebuilt from itself), what was written stays.
+    type_checked: Condition | None = None
+    type_warnings: tuple[Mapping[str, str], ...] = ()
 
     @property
     def phase(self) -> Phase:
@@ -152,9 +158,15 @@ def status_patch(
         conditions.append(condition_entry(previous.get(INPUTS_SYNCED), observation.inputs, generation, now))
     elif INPUTS_SYNCED in previous and not observation.reports_inputs:
         conditions.append(dict(previous[INPUTS_SYNCED]))
+    if observation.type_checked is not None:
+        conditions.append(condition_entry(previous.get(TYPE_CHECKED), observation.type_checked, generation, now))
+    elif TYPE_CHECKED in previous:
+        conditions.append(dict(previous[TYPE_CHECKED]))
     # A condition another writer owns (native enforcement's ``Native``) stays as it was.
     conditions += [dict(c) for kind, c in previous.items() if kind not in _OWN_CONDITIONS]
     patch: dict[str, Any] = {"phase": observation.phase, "observedGeneration": generation, "conditions": conditions}
+    if observation.type_checked is not None:
+        patch["typeChecking"] = {"expressionWarnings": [dict(w) for w in observation.type_warnings]}
     if observation.reports_pod_controllers:   # a merge patch: None removes what an older generation had
         patch["podControllers"] = dict(observation.pod_controllers) if observation.pod_controllers else None
     return patch

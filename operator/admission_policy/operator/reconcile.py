@@ -20,7 +20,7 @@ import kopf
 from .. import api
 from ..cluster.routing import NOT_SERVED, routes, unserved_resources
 from ..engine import CompiledPolicy, PolicyCompileError, load_policy
-from . import conditions, native
+from . import conditions, native, typechecking
 from .policyio import list_policies, write_status
 from .sources import InputProblems
 from .state import REGISTRATION_TIMEOUT, Operator, now, operator
@@ -32,6 +32,7 @@ DISCOVERY_GRACE = 10.0           # how long a new generation waits for a resourc
 DISCOVERY_POLL = 1.0
 FOLLOW_INTERVAL = 30.0           # while the configurations are lost, re-list the policies this often
 INPUTS_GRACE = 10.0              # how long a new generation waits for its params and context to be listed
+TYPE_CHECK_TIMEOUT = 10.0        # for reading the CRDs of the custom kinds a policy names
 
 
 # Both kinds: AdmissionPolicy and the tenants' NamespacedAdmissionPolicy, named "namespace/name"
@@ -88,9 +89,21 @@ async def observe(op: Operator, body: Mapping[str, Any], name: str, generation: 
         problems = await _wait_inputs(op, spec, INPUTS_GRACE if settle else 0.0)
         observation = dataclasses.replace(observation, inputs=conditions.inputs_condition(
             problems.unsynced, problems.over_cap))
-    return dataclasses.replace(observation, pod_controllers=coverage, reports_pod_controllers=True, reports_inputs=True,
-                               reports_plugins=True, plugins=conditions.plugins_condition(
-                                   compiled.gated_off, sum(1 for _ in compiled.plugins())))
+    observation = dataclasses.replace(
+        observation, pod_controllers=coverage, reports_pod_controllers=True, reports_inputs=True, reports_plugins=True,
+        plugins=conditions.plugins_condition(compiled.gated_off, sum(1 for _ in compiled.plugins())))
+    if _type_checked(body, generation):   # once per generation: a restart does not check every policy again
+        return observation
+    checked = await typechecking.check(op, spec, TYPE_CHECK_TIMEOUT)
+    return dataclasses.replace(observation, type_checked=typechecking.condition(checked),
+                               type_warnings=tuple(w.as_status() for w in checked.warnings) if checked else ())
+
+
+def _type_checked(body: Mapping[str, Any], generation: int) -> bool:
+    """Whether the status already holds this generation's type check (``TypeChecked`` known)."""
+    return any(isinstance(c, Mapping) and c.get("type") == conditions.TYPE_CHECKED and c.get("status") != "Unknown"
+               and c.get("observedGeneration") == generation
+               for c in (body.get("status") or {}).get("conditions") or ())
 
 
 async def _observe(op: Operator, body: Mapping[str, Any], name: str, generation: int,

@@ -17,9 +17,11 @@ from ..output import fail
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--require-portable", is_flag=True,
               help="Also exit 2 when a policy could not be a ValidatingAdmissionPolicy.")
+@click.option("--strict", is_flag=True,
+              help="Also exit 2 when an expression does not type-check against the schemas of the kinds it matches.")
 @now_option
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
-def lint_command(feature_gates: str, output: str, require_portable: bool, now_text: str | None,
+def lint_command(feature_gates: str, output: str, require_portable: bool, strict: bool, now_text: str | None,
                  paths: Sequence[str]) -> None:
     """Compile AdmissionPolicies without evaluating anything: a check for CI pipelines.
 
@@ -41,8 +43,12 @@ def lint_command(feature_gates: str, output: str, require_portable: bool, now_te
     name exist and allow exceptions, and expiresAt is within the policy's
     spec.exceptions.maxDuration; one that has expired at --now (the real time by default) gets a
     "warn" line.
+    Each policy that compiles is type-checked as Kubernetes checks a ValidatingAdmissionPolicy:
+    its expressions against the schemas of the kinds its rules name (built-in kinds, and the
+    CustomResourceDefinitions among the PATHs), one "warn" line per expression that does not
+    check (a misspelt field, say), naming the field, line and column.
     Exits 0 when every policy compiles, 2 on any error (with --require-portable, also when one
-    is not portable).
+    is not portable; with --strict, also when an expression does not type-check).
     """
     use_gates(feature_gates, output)
     try:
@@ -52,4 +58,5 @@ def lint_command(feature_gates: str, output: str, require_portable: bool, now_te
     results = lint_policies(paths, now)
     click.echo(dump_json(lint_json(results)) if output == "json" else lint_text(results))
     stuck = require_portable and any(r.portability is not None and not r.portability.portable for r in results)
+    stuck = stuck or (strict and any(result.type_warnings for result in results))
     sys.exit(0 if all(result.ok for result in results) and not stuck else 2)
