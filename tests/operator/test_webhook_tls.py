@@ -103,6 +103,25 @@ async def test_an_invalid_policy_is_rejected_naming_the_field_and_the_compiler_m
         assert (await webhook.review("/validate-policy", request))["allowed"] is True
 
 
+async def test_a_misspelt_field_is_a_warning_unless_the_policy_asks_for_a_refusal(serving: Any) -> None:
+    """Type checking at `kubectl apply`: a warning naming the policy, field, kind, line and column;
+    with ``typeChecking: Deny`` the same finding refuses the policy."""
+    async with serving() as webhook:
+        typo = [{"expression": "object.spec.contianers.all(c, has(c.securityContext))"}]
+        request = policy_request(policy_body("typo", validations=typo), uid="c0ffee00-0000-4000-8000-000000000007")
+        response = await webhook.review("/validate-policy", request)
+        assert response["allowed"] is True
+        assert response["warnings"] == [
+            "AdmissionPolicy 'typo': spec.validations[0].expression: v1, Kind=Pod: undefined field 'contianers' "
+            "not found in struct 'PodSpec' (line 1, column 12)"]
+        request = policy_request(policy_body("typo", validations=typo, typeChecking="Deny"),
+                                 uid="c0ffee00-0000-4000-8000-000000000008")
+        response = await webhook.review("/validate-policy", request)
+        assert response["allowed"] is False and response["status"]["code"] == 422
+        assert "AdmissionPolicy 'typo' is invalid: spec.validations[0].expression: v1, Kind=Pod: undefined field " \
+               "'contianers'" in response["status"]["message"]
+
+
 async def test_a_policy_update_that_leaves_the_spec_alone_is_never_refused(serving: Any) -> None:
     """Removing a finalizer or labelling a policy that slipped in broken must stay possible, also on
     API servers without ``matchConditions`` (they send every UPDATE); a spec edit is still judged."""

@@ -750,14 +750,18 @@ def test_with_the_real_clock_a_request_gives_the_event_loop_back_at_its_deadline
     """Issue 12: the engine runs on the webhook's event loop, so a request whose policies together
     take longer than its deadline must stop there (the rest get their failurePolicy answer), not
     run them all while every other request waits. The deadline is ten times what one policy takes
-    here, measured first: the machine's speed does not matter, only that it stops part-way."""
+    here, measured first (the best of three, so that a pause of the collector in a long test run
+    does not inflate it): the machine's speed does not matter, only that it stops part-way."""
     import time
     check = {"expression": "object.spec.containers.all(c, c.image.split(':').all(p, p != ''))"}
     slow = [policy(f"slow-{i:02d}", failurePolicy="Ignore", validations=[check]) for i in range(60)]
     big = request(wide_pod(2_000))
-    started = time.monotonic()
-    assert evaluate(PolicySet(slow[:1]), big).evaluations == 1
-    one = time.monotonic() - started
+    times = []
+    for _ in range(3):
+        started = time.monotonic()
+        assert evaluate(PolicySet(slow[:1]), big).evaluations == 1
+        times.append(time.monotonic() - started)
+    one = min(times)
     decision = evaluate(PolicySet(slow), big, deadline=time.monotonic() + 10 * one)
     assert decision.allowed   # failurePolicy Ignore: the policies left out do not deny
     stopped = [o.policy for o in decision.outcomes if any("evaluation deadline exceeded" in e for e in o.errors)]

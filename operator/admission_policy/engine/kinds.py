@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+from cel_expr_python import cel
 from kubernetes_asyncio.client import api as client_api
 from kubernetes_asyncio.client import models
 
@@ -82,7 +83,7 @@ class Kind:
         """As Kubernetes prints a GroupVersionKind: ``apps/v1, Kind=Deployment``."""
         return f"{self.group}/{self.version}, Kind={self.kind}" if self.group else f"{self.version}, Kind={self.kind}"
 
-    def cel_type(self) -> Any:
+    def cel_type(self) -> cel.Type:
         return schemas.declare(self.schema, self.definitions, self.kind)
 
 
@@ -167,21 +168,21 @@ def _definitions_of(root: str) -> Mapping[str, Mapping[str, Any]]:
         properties = {}
         for attribute, kind in cls.openapi_types.items():
             key = cls.attribute_map[attribute]
-            properties[key] = _INT_OR_STRING if key in quantities and kind in ("str", "dict(str, str)") \
-                else _property(kind, todo)
-            if key in quantities and kind == "dict(str, str)":
-                properties[key] = {"type": "object", "additionalProperties": _INT_OR_STRING}
+            properties[key] = _property(kind, todo, quantity=key in quantities)
         definitions[name] = {"type": "object", "properties": properties}
     return definitions
 
 
-def _property(kind: str, todo: list[str]) -> Mapping[str, Any]:
-    """The schema of an ``openapi_types`` entry; a model is queued to be defined too."""
+def _property(kind: str, todo: list[str], quantity: bool = False) -> Mapping[str, Any]:
+    """The schema of an ``openapi_types`` entry (``quantity``: its strings are quantities); a model
+    is queued to be defined too."""
     listed, mapped = _LIST.match(kind), _DICT.match(kind)
     if listed:
-        return {"type": "array", "items": _property(listed[1], todo)}
+        return {"type": "array", "items": _property(listed[1], todo, quantity)}
     if mapped:
-        return {"type": "object", "additionalProperties": _property(mapped[1], todo)}
+        return {"type": "object", "additionalProperties": _property(mapped[1], todo, quantity)}
+    if quantity and kind == "str":
+        return _INT_OR_STRING
     if kind in _SCALARS:
         return {"type": _SCALARS[kind]}
     if kind == "object" or not hasattr(models, kind):   # int-or-string, raw extensions: anything

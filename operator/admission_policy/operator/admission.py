@@ -123,11 +123,11 @@ async def _validate_policy(*, tenant: bool) -> None:
     key = api.PolicyKey(api.NAMESPACED_KIND, request.namespace, request.name) if tenant else \
         api.PolicyKey(api.KIND, None, request.name)
     warnings: tuple[str, ...] = ()
-    if not problems:
+    if not problems:   # warnings, or with typeChecking: Deny refusals (a CRD that cannot be read: neither)
         checked = await typechecking.check(op, compiled.policy, op.config.evaluation_deadline)
         warnings = typechecking.admission_warnings(key, checked)
-        if warnings and compiled.policy.type_checking == "Deny":
-            problems = [f"{w.field_ref}: {w.warning}" for w in checked.warnings] if checked else []
+        if checked is not None and compiled.policy.type_checking == "Deny":
+            problems = [str(warning) for warning in checked.warnings]
     if problems:
         message = f"{key.kind} {str(key)!r} is invalid: {'; '.join(problems)}"
         exchange.decision = Decision(allowed=False, code=422, reason="Invalid", message=message)
