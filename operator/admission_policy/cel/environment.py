@@ -127,16 +127,11 @@ def type_of(environment: cel.Env, expression: Expression) -> tuple[cel.Type, lis
     try:
         return check(environment, expression.source).return_type(), []
     except RuntimeError as exc:
-        errors: dict[str, CelCompileError] = {}
-        for line in str(exc).splitlines():
-            found = _LOCATION.search(line)
-            if found and _clean(found[3]) not in errors:
-                position = (int(found[1]), int(found[2])) if int(found[1]) > 0 else (None, None)
-                errors[_clean(found[3])] = CelCompileError(expression.path, _clean(found[3]), *position)
-        if not errors:
-            line_number, column, message = _locate(str(exc))
-            errors[message] = CelCompileError(expression.path, message, line_number, column)
-        return cel.Type.DYN, list(errors.values())
+        found = _messages(str(exc))
+        if not found:
+            line, column, message = _locate(str(exc))
+            return cel.Type.DYN, [CelCompileError(expression.path, message, line, column)]
+        return cel.Type.DYN, [CelCompileError(expression.path, message, *where) for message, where in found.items()]
 
 
 def check(environment: cel.Env, source: str) -> Any:
@@ -313,18 +308,22 @@ def _locate(error: str) -> tuple[int | None, int | None, str]:
         return None, None, (f"nests too deeply: CEL's parser allows {PARSER_DEPTH} levels of parentheses, "
                             "calls and chained operators (each + in a + b + c … is one more); split it into "
                             "spec.variables")
-    messages: list[str] = []
-    position: tuple[int, int] | None = None
-    for line in error.splitlines():
-        found = _LOCATION.search(line)
-        if found:
-            if position is None and int(found[1]) > 0:
-                position = (int(found[1]), int(found[2]))
-            if _clean(found[3]) not in messages:
-                messages.append(_clean(found[3]))
+    messages = _messages(error)
     if not messages:
         return None, None, _clean(error)
-    return (*(position or (None, None)), "; ".join(messages))
+    position = next((p for p in messages.values() if p[0] is not None), (None, None))
+    return (*position, "; ".join(messages))
+
+
+def _messages(error: str) -> dict[str, tuple[int | None, int | None]]:
+    """Each distinct message of the compiler's "<input>:L:C: msg" lines, in order, at its (line,
+    column); (None, None) where it names none."""
+    messages: dict[str, tuple[int | None, int | None]] = {}
+    for line in error.splitlines():
+        found = _LOCATION.search(line)
+        if found and _clean(found[3]) not in messages:
+            messages[_clean(found[3])] = (int(found[1]), int(found[2])) if int(found[1]) > 0 else (None, None)
+    return messages
 
 
 # What a runtime error means for the policy's author, by the C++ core's wording.

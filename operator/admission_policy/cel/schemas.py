@@ -96,8 +96,10 @@ class _Builder:
     def type_of(self, schema: Any, name: str, scope: tuple[Any, str], depth: int = 0,
                 map_name: str | None = None) -> tuple[str, int]:
         """(type name, protobuf type) of a field holding ``schema`` (not a list: see _field);
-        a nested object becomes a message in ``scope``, named ``name``. A map's entry comes back
-        with the type -1 (named ``<map_name>Entry``, as protobuf wants; no map without one)."""
+        a nested object becomes a message in ``scope``, named ``name``. Only a field's own type
+        (``map_name`` given) may be a map: its entry comes back with the type -1, named
+        ``<map_name>Entry`` as protobuf wants; a map anywhere else (a list's items, a map's
+        values, a definition) is ``dyn``."""
         if not isinstance(schema, Mapping) or depth > 64:
             return _DYN, _F.TYPE_MESSAGE
         resolved = self._resolved(schema)
@@ -130,10 +132,7 @@ class _Builder:
         if name not in self.named:
             message = _UNSAFE.sub("_", name)
             self.named[name] = (f"{self.root[1]}.{message}", _F.TYPE_MESSAGE)
-            found = self.type_of(self.definitions[name], message, self.root)
-            if found[1] == -1:   # a map at a definition's root has no message to live in
-                found = (_DYN, _F.TYPE_MESSAGE)
-            self.named[name] = found
+            self.named[name] = self.type_of(self.definitions[name], message, self.root)
         return self.named[name]
 
     def _object(self, schema: Schema, name: str, scope: tuple[Any, str], depth: int,
@@ -161,9 +160,7 @@ class _Builder:
         resolved = self._resolved(schema) if isinstance(schema, Mapping) else schema
         if isinstance(resolved, Mapping) and _type(resolved) == "array":
             field.label = _F.LABEL_REPEATED
-            found = self.type_of(resolved.get("items"), f"{name}Type", scope, depth + 1)
-            if found[1] == -1:   # a list of maps: no protobuf field says it
-                field.label, found = _F.LABEL_OPTIONAL, (_DYN, _F.TYPE_MESSAGE)
+            found = self.type_of(resolved.get("items"), f"{name}Type", scope, depth + 1)   # a map in it: dyn
         else:
             found = self.type_of(schema, f"{name}Type", scope, depth + 1, map_name=name)
             if found[1] == -1:   # a map is a repeated entry in protobuf
@@ -184,8 +181,6 @@ class _Builder:
         entry.field.add(name="key", number=1, type=_F.TYPE_STRING, label=_F.LABEL_OPTIONAL)
         value = entry.field.add(name="value", number=2, label=_F.LABEL_OPTIONAL)
         found = self.type_of(values, f"{name}Value", scope, depth + 1)
-        if found[1] == -1:
-            found = (_DYN, _F.TYPE_MESSAGE)
         value.type = found[1]
         if found[1] == _F.TYPE_MESSAGE:
             value.type_name = found[0]

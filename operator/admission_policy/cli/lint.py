@@ -134,8 +134,8 @@ def lint_text(results: list[LintResult]) -> str:
         if result.ok:
             lines.append(f"ok     {result.source}: {result.kind} {result.policy!r}")
         lines.extend(f"warn   {warning}" for warning in result.warnings)
-        lines.extend(f"warn   {result.source}: {result.kind} {result.policy!r}: {warning.field_ref}: {line}"
-                     for warning in result.type_warnings for line in warning.warning.splitlines())
+        lines.extend(f"warn   {result.source}: {result.kind} {result.policy!r}: {line}"
+                     for warning in result.type_warnings for line in warning.lines())
         lines.extend(f"error  {error}" for error in result.errors)
     failed = sum(not result.ok for result in results)
     skipping = sum(bool(result.warnings) for result in results if result.kind in api.POLICY_KINDS)

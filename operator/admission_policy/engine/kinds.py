@@ -108,7 +108,7 @@ class Catalog:
         if found is not None:
             return found
         model = next((m for (g, v, _), m in _builtin_resources().items()
-                      if (g, v) == (group, version) and _kind_of(m) == kind), None)
+                      if (g, v) == (group, version) and kind_name(m) == kind), None)
         return _builtin_kind(group, version, model) if model is not None else None
 
     def _add_crd(self, crd: Mapping[str, Any]) -> None:
@@ -146,10 +146,12 @@ def _with_object_metadata(schema: Mapping[str, Any]) -> tuple[Mapping[str, Any],
 
 @functools.cache
 def _builtin_kind(group: str, version: str, model: str) -> Kind:
-    return Kind(group, version, _kind_of(model), {"$ref": model}, _definitions_of(model))
+    return Kind(group, version, kind_name(model), {"$ref": model}, _definitions_of(model))
 
 
-def _kind_of(model: str) -> str:
+def kind_name(model: str) -> str:
+    """A model's kind, as users name it: ``V1Pod`` → ``Pod``, ``CoreV1Event`` → ``Event``; another
+    name (a CRD's kind) as it is."""
     found = _MODEL_KIND.match(model)
     return found[1] if found else model
 

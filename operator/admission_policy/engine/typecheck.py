@@ -30,7 +30,7 @@ from cel_expr_python import cel
 
 from .. import api
 from ..cel import CelCompileError, environment, schemas
-from .kinds import Catalog, Kind
+from .kinds import Catalog, Kind, kind_name
 
 MAX_KINDS: Final = 10   # as Kubernetes: a policy over more kinds is checked against the first ten
 
@@ -62,6 +62,10 @@ class TypeWarning:
 
     def __str__(self) -> str:
         return f"{self.field_ref}: {self.warning}"
+
+    def lines(self) -> list[str]:
+        """One line per kind it failed on, each naming the field (admission warnings, ``lint``)."""
+        return [f"{self.field_ref}: {line}" for line in self.warning.splitlines()]
 
     def as_status(self) -> dict[str, str]:
         return {"fieldRef": self.field_ref, "warning": self.warning}
@@ -148,7 +152,7 @@ def _check(policy: api.AdmissionPolicy, object_type: cel.Type, params: cel.Type)
 # field may hold null in JSON whatever its schema's type, so ``x.name != null`` is no mistake.
 _ARTEFACT = re.compile(r"k8s\.schema\.|\*error\*|\bT%\d|\bnull_type\b")
 # A message type's name as the user knows it: V1PodSpec → PodSpec, Widget.SpecType → Widget.spec.
-_PACKAGE = re.compile(r"k8s\.schema\.s[0-9a-f]+\.(?:[A-Z][a-z]+)*?(?:V\d+(?:(?:alpha|beta)\d+)?(?=[A-Z]))?")
+_MESSAGE = re.compile(r"k8s\.schema\.s[0-9a-f]+\.(\w+)")
 _NESTED = re.compile(r"\.([A-Z])(\w*?)Type\b")
 
 
@@ -160,7 +164,8 @@ def _meant(message: str) -> bool:
 
 def _located(error: CelCompileError) -> str:
     where = f" (line {error.line}, column {error.column})" if error.column is not None else ""
-    message = _NESTED.sub(lambda found: f".{found[1].lower()}{found[2]}", _PACKAGE.sub("", error.message))
+    message = _MESSAGE.sub(lambda found: kind_name(found[1]), error.message)
+    message = _NESTED.sub(lambda found: f".{found[1].lower()}{found[2]}", message)
     return f"{message}{where}"
 
 

@@ -84,5 +84,4 @@ def admission_warnings(key: api.PolicyKey, checked: TypeCheck | None) -> tuple[s
     the field, and the line and column."""
     if checked is None:
         return ()
-    return tuple(f"{key.kind} {str(key)!r}: {warning.field_ref}: {line}"
-                 for warning in checked.warnings for line in warning.warning.splitlines())
+    return tuple(f"{key.kind} {str(key)!r}: {line}" for warning in checked.warnings for line in warning.lines())
