@@ -75,8 +75,9 @@ def serve_kopf_noop(port: int, cert_dir: pathlib.Path) -> None:
 
 
 def serve_operator() -> None:
-    """The operator's production entry point: ``admission-policy run --standalone``."""
-    from admission_policy.cli import main
+    """The operator's production entry point: ``admission-policy run --standalone`` (the console
+    script's ``command.main``: the CLI's commands and ``run``)."""
+    from admission_policy.command import main
     main(["run", "--standalone"])
 
 

@@ -212,6 +212,46 @@ def test_natively_enforced_policies_keep_refusing_with_every_replica_down(
         operator.start()
 
 
+def test_a_request_the_checks_admit_skips_the_policy_and_a_refusal_still_says_why(
+        native_target: Target, target_namespace: Callable[..., str], target_policies: Policies) -> None:
+    """The generated policy's last match condition, any-validation-fails, lets the API server skip
+    what every check admits (no messageExpression runs for it); what one check refuses still gets
+    that validation's own message, and a check that errs refuses (failurePolicy: Fail), as the
+    validation's error would."""
+    cluster = native_target.cluster
+    namespace = target_namespace()
+    name = unique("native-skip", 50)
+    body = _policy(name, namespace, variables=[{"name": "team", "expression": "object.metadata.labels.team"}])
+    body["spec"]["validations"].append({"expression": "variables.team != ''", "reason": "Forbidden",
+                                        "messageExpression": "'an empty team label on ' + object.metadata.name"})
+    target_policies.apply(body)
+    _wait_enforced_by(cluster, name, "Native", "Generated")
+    eventually(lambda: _routed(cluster, "configmaps"), lambda routed: not routed,
+               "the webhook configurations to stop routing the policy", 60)
+    [generated] = [item for plural, item in _generated_objects(cluster, vap_version(cluster), name)
+                   if plural == "validatingadmissionpolicies"]
+    assert generated["spec"]["matchConditions"][-1]["name"] == "any-validation-fails", generated["spec"]
+
+    def create(labels: dict[str, str] | None) -> Answer:
+        metadata: dict[str, Any] = {"name": unique("cm", 40), "namespace": namespace}
+        if labels is not None:
+            metadata["labels"] = labels
+        return cluster.create(pykube.ConfigMap, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata},
+                              dry_run=True)
+
+    def refused_by_it(answer: Answer, words: str) -> bool:
+        message = answer.body.get("message", "") if isinstance(answer.body, dict) else ""
+        return answer.status in (403, 422) and f"ap.policy.{name}" in message and words in message
+
+    assert create({"team": "a"}).ok
+    empty = create({"team": ""})
+    assert refused_by_it(empty, "an empty team label on cm-"), empty
+    forbidden = create({"team": "a", "forbidden": "yes"})
+    assert refused_by_it(forbidden, "the label 'forbidden' is not allowed"), forbidden
+    unlabelled = create(None)   # variables.team errs: no labels
+    assert refused_by_it(unlabelled, ""), unlabelled
+
+
 def test_what_does_not_port_stays_on_the_webhook_and_says_why(
         native_target: Target, target_namespace: Callable[..., str], target_policies: Policies) -> None:
     cluster = native_target.cluster

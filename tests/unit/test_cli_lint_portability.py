@@ -142,7 +142,8 @@ def test_the_oldest_kubernetes_a_portable_policy_runs_on(expression: str, kubern
                  ["spec.podControllers: this policy also judges the Pod templates of Deployment; a "
                   "ValidatingAdmissionPolicy on Pods judges Pods only"], id="Pod templates"),
     pytest.param({"match": {"resources": [POD_RULE]}, "podControllers": []}, [], id="Pods only"),
-    pytest.param({"variables": [{"name": "names", "expression": "object.spec.containers.map(c, c.name)"},
+    pytest.param({"failurePolicy": "Ignore",
+                  "variables": [{"name": "names", "expression": "object.spec.containers.map(c, c.name)"},
                                 {"name": "bad", "expression": "object.spec.containers.filter(c, c.image == '')"},
                                 {"name": "listed", "expression": "variables.bad.map(c, c.name)"}],
                   "validations": [
@@ -150,9 +151,15 @@ def test_the_oldest_kubernetes_a_portable_policy_runs_on(expression: str, kubern
                        "messageExpression": "'too many: ' + variables.names.join(', ')"},
                       {"expression": "object.spec.containers.all(c, c.image != '')", "reason": "Forbidden",
                        "messageExpression": "'no image: ' + variables.listed.join(', ')"}]},
-                 ["spec.validations[1].messageExpression: reads variables.listed, which no validation reads: a "
-                  "ValidatingAdmissionPolicy evaluates every messageExpression on every request, so it computes it "
-                  "for every request, not only for a denial"], id="a message's own variables"),
+                 ["spec.validations[1].messageExpression: reads variables.listed, which no validation reads: under "
+                  "failurePolicy Ignore a ValidatingAdmissionPolicy evaluates every messageExpression on every "
+                  "request, so it computes it for every request, not only for a denial"],
+                 id="a message's own variables"),
+    # Under Fail, the generated any-validation-fails condition spares an admitted request the messages.
+    pytest.param({"variables": [{"name": "bad", "expression": "object.spec.containers.filter(c, c.image == '')"}],
+                  "validations": [{"expression": "object.spec.containers.all(c, c.image != '')", "reason": "Forbidden",
+                                   "messageExpression": "'no image: ' + variables.bad.map(c, c.name).join(', ')"}]},
+                 [], id="a message's own variables, under Fail"),
 ])
 def test_what_ports_with_a_translation(spec: dict[str, Any], notes: list[str]) -> None:
     found = verdict(body(**spec))

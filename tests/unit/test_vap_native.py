@@ -9,14 +9,16 @@ from typing import Any
 
 import pytest
 import yaml
+from celcases import evaluate
 
 from admission_policy import api
+from admission_policy.cel import CelEvaluationError
 from admission_policy.cluster.discovery import DiscoveredResource
 from admission_policy.cluster.routing import NOT_OWN_CRD, ServedIndex, break_glass_condition
 from admission_policy.engine import load_policy
 from admission_policy.vap import native
 from admission_policy.vap.objects import POLICY
-from builders import POD_RULE, policy_body, rule
+from builders import POD_RULE, decide, policy_body, rule
 
 ROOT = Path(__file__).parents[2]
 NAME_LABEL = "kubernetes.io/metadata.name"
@@ -166,12 +168,15 @@ def test_variables_and_match_conditions_are_carried_over_after_the_break_glass()
         variables=[{"name": "keys", "expression": "object.data.size()"}],
         validations=[{"expression": "variables.keys < 10"}]), target)
     assert spec["variables"] == [{"name": "keys", "expression": "object.data.size()"}]
-    assert spec["matchConditions"] == [break_glass, {"name": "labelled", "expression": "has(object.metadata.labels)"}]
+    labelled = {"name": "labelled", "expression": "has(object.metadata.labels)"}
+    assert spec["matchConditions"] == [break_glass, labelled, {"name": "any-validation-fails", "expression": (
+        "!([object.data.size()].all(_keys, ((_keys) < 10)))")}]
 
 
 def test_nothing_unasked_for_is_written() -> None:
     spec = only_policy(configmap_policy())
-    assert set(spec) == {"failurePolicy", "matchConstraints", "validations"}
+    assert set(spec) == {"failurePolicy", "matchConstraints", "matchConditions", "validations"}
+    assert spec["matchConditions"] == [{"name": "any-validation-fails", "expression": "!((true))"}]
     assert spec["matchConstraints"] == {
         "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
                            "resources": ["configmaps"], "scope": "*"}],
@@ -181,7 +186,95 @@ def test_nothing_unasked_for_is_written() -> None:
 
 def test_a_rule_on_crds_leaves_the_operators_own_alone() -> None:
     body = policy_body(rules=[rule("customresourcedefinitions", group="apiextensions.k8s.io")], validations=TRUE)
-    assert only_policy(body)["matchConditions"] == [NOT_OWN_CRD]
+    assert only_policy(body)["matchConditions"][:-1] == [NOT_OWN_CRD]
+
+
+# --- any-validation-fails: a request every validation admits is skipped -------------------------------
+
+SKIPPED_POLICY: dict[str, Any] = {
+    "variables": [{"name": "keys", "expression": "object.data.size()"},
+                  {"name": "crowded", "expression": "variables.keys > 3"},
+                  {"name": "team", "expression": "object.metadata.labels.team"}],
+    "validations": [
+        {"expression": "!has(object.data) || !variables.crowded",
+         "messageExpression": "'keys: ' + string(variables.keys)"},
+        {"expression": "object.metadata.name != 'forbidden'", "message": "a forbidden name"},
+        {"expression": "variables.team != ''", "message": "a team label, not empty"},
+    ]}
+
+
+def skip_condition(spec: Mapping[str, Any]) -> str | None:
+    found = [c["expression"] for c in spec.get("matchConditions", ()) if c["name"] == "any-validation-fails"]
+    return found[0] if found else None
+
+
+def test_a_request_every_validation_admits_is_skipped_by_a_last_match_condition() -> None:
+    """Kubernetes runs every messageExpression of a policy it applies; this condition keeps it from
+    applying one whose checks all pass. Match conditions have no variables: one a check reads
+    behind a guard is written out where it is read (keys errs without data), one a check cannot
+    pass without (team) is evaluated once, up front."""
+    spec = only_policy(configmap_policy(**SKIPPED_POLICY))
+    assert spec["matchConditions"][-1] == {"name": "any-validation-fails", "expression": (
+        "!([object.metadata.labels.team].all(_team, (!has(object.data) || !((object.data.size()) > 3)) && "
+        "(object.metadata.name != 'forbidden') && ((_team) != '')))")}
+    assert [v["expression"] for v in spec["validations"]] == [v["expression"] for v in SKIPPED_POLICY["validations"]]
+
+
+CONFIGMAPS: list[dict[str, Any]] = [
+    {"metadata": {"name": "fine", "labels": {"team": "a"}}, "data": {"a": "1"}},
+    {"metadata": {"name": "fine", "labels": {"team": "a"}}},
+    {"metadata": {"name": "crowded", "labels": {"team": "a"}}, "data": dict.fromkeys("abcd", "1")},
+    {"metadata": {"name": "forbidden", "labels": {"team": "a"}}},
+    {"metadata": {"name": "unlabelled"}},                                # the third check errors
+    {"metadata": {"name": "forbidden"}},                                 # an error and a failure
+    {"metadata": {"name": "empty-team", "labels": {"team": ""}}, "data": {}},
+]
+
+
+@pytest.mark.parametrize("configmap", CONFIGMAPS, ids=[str(i) for i in range(len(CONFIGMAPS))])
+def test_the_skip_condition_is_false_exactly_where_the_policy_admits(configmap: dict[str, Any]) -> None:
+    """Under failurePolicy Fail: false only where every check passes (the engine admits), true
+    where one fails, an error (the failurePolicy's: a refusal) only where the engine refuses."""
+    body = configmap_policy(**SKIPPED_POLICY)
+    condition = skip_condition(only_policy(body))
+    assert condition is not None
+    obj = {"apiVersion": "v1", "kind": "ConfigMap", **configmap}
+    obj["metadata"] = {**obj["metadata"], "namespace": "default"}
+    admitted = decide(load_policy(body, "Fail"), obj).allowed
+    try:
+        skipped = evaluate(condition, object=obj, oldObject=None) is False
+    except CelEvaluationError:
+        skipped = False
+    assert skipped == admitted
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"failurePolicy": "Ignore"}, "a request whose checks exceed one expression's cost limit would go unjudged"),
+    ({"validations": [{"expression": "namespaceObject.metadata.name != 'x'"}]}, "namespaceObject is null there"),
+    ({"validations": [{"expression": "request.resource.resource == 'configmaps'"}]}, "the request's own resource"),
+    ({"validations": [{"expression": "object.data.all(object, object != '')"}]}, "a loop variable named object"),
+    ({"variables": [{"name": "k", "expression": "object.data"}],
+      "validations": [{"expression": "variables['k'].size() < 3"}]}, "variables read otherwise than by name"),
+    ({"variables": [{"name": "k", "expression": "object.data"}],
+      "validations": [{"expression": "variables.k.all(_k, _k != '')"}]}, "a loop variable named as a binding"),
+    ({"match": {"conditions": [{"name": "any-validation-fails", "expression": "true"}]}}, "the name taken"),
+])
+def test_no_skip_condition_where_it_could_decide_otherwise(change: dict[str, Any], why: str) -> None:
+    spec = only_policy(configmap_policy(**change))
+    assert [c["name"] for c in spec.get("matchConditions", ())].count("any-validation-fails") <= 1, why
+    if "match" not in change:
+        assert skip_condition(spec) is None, why
+
+
+def test_the_skip_condition_reads_the_pod_template_and_the_1_28_spelling() -> None:
+    body = example("pod-security-restricted/policy.yaml")
+    objects = generated(body, native.Target("v1beta1", (1, 28), ServedIndex(())))
+    for (kind, name), obj in objects.items():
+        if kind != "ValidatingAdmissionPolicy":
+            continue
+        condition = skip_condition(obj["spec"])
+        assert condition is not None and ".?" not in condition and "variables." not in condition, name
+        assert ("object.spec.template.spec" in condition) == (name == "ap.podtemplate.pod-security-restricted"), name
 
 
 def test_namespace_and_object_selectors_are_carried_over() -> None:

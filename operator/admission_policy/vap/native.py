@@ -38,6 +38,7 @@ from .expressions import OPTIONAL_TYPES, NotNative, newer_libraries, source, tem
 from .lowering import NotLowerable, lower_optionals
 from .objects import BINDING, GROUP, POLICY
 from .portability import Finding, portability
+from .shortcut import ANY_VALIDATION_FAILS, any_validation_fails
 
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "admission-policy-operator"}
 # Every generated object says whose it is: the cleanup (a policy deleted, ``helm uninstall``)
@@ -195,6 +196,7 @@ def _place(part: CompiledPolicy, target: Target, handed_back: Collection[str]) -
         lower = target.kubernetes < OPTIONAL_TYPES
         spec = {**_matching(part, target, handed_back, validating),
                 "validations": [_validation(v, part.template, lower) for v in policy.validations]}
+        _skip_when_admitted(spec)
         objects += _pair(target.version, (POLICY, BINDING), metadata, spec,
                          {"validationActions": [ACTIONS[policy.enforcement]]}, policy)
     changing = mutating.rules(part, target.served) if target.mutating_version else []
@@ -259,6 +261,20 @@ def _pair(version: str, kinds: tuple[str, str], metadata: Mapping[str, Any], spe
     api_version = f"{GROUP}/{version}"
     return [{"apiVersion": api_version, "kind": kinds[0], "metadata": copy.deepcopy(dict(metadata)), "spec": spec},
             {"apiVersion": api_version, "kind": kinds[1], "metadata": copy.deepcopy(dict(metadata)), "spec": binding}]
+
+
+def _skip_when_admitted(spec: dict[str, Any]) -> None:
+    """Let Kubernetes skip, by one more match condition, a request all the validations admit
+    (``shortcut`` says why), only under ``failurePolicy: Fail``: with Ignore, a request whose
+    checks together exceed one expression's cost limit would be skipped, where the validations,
+    each with a limit of its own, might refuse it."""
+    conditions = spec.get("matchConditions", [])
+    if spec["failurePolicy"] != "Fail" or any(c["name"] == ANY_VALIDATION_FAILS for c in conditions):
+        return
+    condition = any_validation_fails(tuple(v["expression"] for v in spec["validations"]),
+                                     tuple((v["name"], v["expression"]) for v in spec.get("variables", ())))
+    if condition is not None:
+        spec["matchConditions"] = [*conditions, condition]
 
 
 def _validation(validation: api.Validation, template: Location, lower: bool) -> dict[str, Any]:

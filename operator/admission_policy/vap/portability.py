@@ -256,8 +256,13 @@ def _line_column(source: str, offset: int) -> str:
 
 def _eager_messages(policy: api.AdmissionPolicy) -> list[Finding]:
     """The messageExpressions that read variables no validation reads: the API server evaluates
-    every messageExpression on every request, whatever the validations decided, so natively those
-    variables are computed for every request, where the engine computes them for a denial only."""
+    every messageExpression of a policy it applies, whatever the validations decided, so natively
+    those variables are computed for every request, where the engine computes them for a denial
+    only. Under ``failurePolicy: Fail`` the generated policy's last match condition
+    (``vap.shortcut``) keeps the API server from applying it to a request
+    every validation admits, so no message is built then; under Ignore there is no such condition."""
+    if policy.failure_policy == "Fail":
+        return []
     names = [v.name for v in policy.variables]
 
     def reads(source: str) -> set[str]:
@@ -279,7 +284,8 @@ def _eager_messages(policy: api.AdmissionPolicy) -> list[Finding]:
         if only:
             listed = ", ".join(f"variables.{name}" for name in only)
             notes.append(Finding(f"spec.validations[{i}].messageExpression",
-                                 f"reads {listed}, which no validation reads: a ValidatingAdmissionPolicy "
-                                 "evaluates every messageExpression on every request, so it computes "
-                                 f"{'them' if len(only) > 1 else 'it'} for every request, not only for a denial"))
+                                 f"reads {listed}, which no validation reads: under failurePolicy Ignore a "
+                                 "ValidatingAdmissionPolicy evaluates every messageExpression on every request, "
+                                 f"so it computes {'them' if len(only) > 1 else 'it'} for every request, not only "
+                                 "for a denial"))
     return notes
