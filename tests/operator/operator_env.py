@@ -16,7 +16,7 @@ from emulator import ADMISSION_POLICIES, VALIDATING_WEBHOOK_CONFIGURATIONS, Emul
 
 from admission_policy import api
 from builders import AUTHENTICATED_ALICE, CREATE_POD_RULE, admission_request, container, pod, policy_body
-from ports import free_port
+from ports import free_ports
 
 MODULE = "admission_policy.operator.handlers"
 CONFIG_NAME = "admission-policy-operator"
@@ -24,9 +24,11 @@ NAMESPACE = "admission-policy-system"
 
 
 def operator_environment(monkeypatch: pytest.MonkeyPatch, cert_dir: pathlib.Path) -> dict[str, str]:
+    # One call for the three: ports picked apart could be the same one ("address already in use").
+    listen, health, metrics = free_ports(3)
     env = {
-        "AP_NAMESPACE": NAMESPACE, "AP_LISTEN_HOST": "127.0.0.1", "AP_LISTEN_PORT": str(free_port()),
-        "AP_ADVERTISE_HOST": "127.0.0.1", "AP_HEALTH_PORT": str(free_port()), "AP_METRICS_PORT": str(free_port()),
+        "AP_NAMESPACE": NAMESPACE, "AP_LISTEN_HOST": "127.0.0.1", "AP_LISTEN_PORT": str(listen),
+        "AP_ADVERTISE_HOST": "127.0.0.1", "AP_HEALTH_PORT": str(health), "AP_METRICS_PORT": str(metrics),
         "AP_CERT_DIR": str(cert_dir), "AP_WEBHOOK_CONFIG_NAME": CONFIG_NAME, "AP_LOG_LEVEL": "INFO",
     }
     for key, value in env.items():
