@@ -40,7 +40,7 @@ def source(source: str, template: Location, path: str, lower: bool = False) -> s
     if not template:
         return source
     text = compat.respell(source)
-    checked = syntax.Checked.decode(check(kubernetes_cel().environment(), text).serialize())
+    checked = checked_tree(text)
     parents = {child.id: node for node in syntax.walk(checked.root) for child in node.children()}
     nodes = {node.id: node for node in syntax.walk(checked.root)}
     positions = checked.positions
@@ -57,6 +57,12 @@ def source(source: str, template: Location, path: str, lower: bool = False) -> s
             raise NotNative(Finding(path, "cannot be rewritten for Pod templates"))
         text = text[:position] + name + path_text + text[position + len(name):]
     return text
+
+
+def checked_tree(respelt: str) -> syntax.Checked:
+    """The checked tree of an expression (``compat.respell`` already applied) in Kubernetes' CEL
+    environment; RuntimeError where it does not compile there."""
+    return syntax.Checked.decode(check(kubernetes_cel().environment(), respelt).serialize())
 
 
 def _reads_template(node: syntax.Expr, parents: Mapping[int, syntax.Expr], name: str, path: str) -> bool:
@@ -108,7 +114,7 @@ def _version(text: str) -> tuple[int, int]:
 def uses_optionals(source: str) -> bool:
     """Whether the expression uses optional types (they always begin with one of these)."""
     try:
-        root = syntax.Checked.decode(check(kubernetes_cel().environment(), compat.respell(source)).serialize()).root
+        root = checked_tree(compat.respell(source)).root
     except RuntimeError:
         return False   # not Kubernetes' CEL at all: portability's blocker already says so
     return any(is_optional_syntax(node) for node in syntax.walk(root))
@@ -134,7 +140,7 @@ def inline_variables(text: str, variables: Mapping[str, str], path: str) -> str:
     if "variables" not in text:
         return text
     respelt = compat.respell(text)
-    checked = syntax.Checked.decode(check(kubernetes_cel().environment(), respelt).serialize())
+    checked = checked_tree(respelt)
     parents = {child.id: node for node in syntax.walk(checked.root) for child in node.children()}
     nodes = {node.id: node for node in syntax.walk(checked.root)}
     edits = []

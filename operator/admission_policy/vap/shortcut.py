@@ -20,10 +20,9 @@ import functools
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from ..cel import check, syntax
+from ..cel import syntax
 from ..cel.lib import compat
-from .expressions import NotNative, inline_variables
-from .portability import kubernetes_cel
+from .expressions import NotNative, checked_tree, inline_variables
 
 ANY_VALIDATION_FAILS: Final = "any-validation-fails"
 # What Kubernetes binds otherwise in match conditions than in validations: no namespace
@@ -34,10 +33,10 @@ _UNLIKE_REQUEST_FIELDS: Final = frozenset({"resource"})
 _GLOBALS: Final = frozenset({"object", "oldObject", "request", "params", "namespaceObject", "authorizer", "variables"})
 # cel-go's default limit of an expression's length, in code points.
 _EXPRESSION_LIMIT: Final = 100_000
-# Calls whose error is not always theirs: the logical operators absorb one, the optional
-# functions may not evaluate an argument, a loop's condition is not strict.
-_NOT_STRICT: Final = frozenset({"_&&_", "_||_", "_?_:_", "@not_strictly_false", "or", "orValue", "optional.none",
-                                "optional.of", "optional.ofNonZeroValue", "hasValue", "value"})
+# Calls whose argument's error need not be theirs (besides &&, || and ?:, which _strict reads):
+# the optional functions may not evaluate an argument, a loop's condition is not strict.
+_NOT_STRICT: Final = frozenset({"@not_strictly_false", "or", "orValue", "optional.none", "optional.of",
+                                "optional.ofNonZeroValue", "hasValue", "value"})
 
 
 @functools.lru_cache(maxsize=1024)
@@ -87,7 +86,7 @@ def _read_strictly(checks: Iterable[str], variables: tuple[tuple[str, str], ...]
 
 
 def _tree(text: str) -> tuple[syntax.Expr, Mapping[int, str]]:
-    checked = syntax.Checked.decode(check(kubernetes_cel().environment(), compat.respell(text)).serialize())
+    checked = checked_tree(compat.respell(text))
     return checked.root, checked.names
 
 
@@ -98,21 +97,20 @@ def _strict(tree: tuple[syntax.Expr, Mapping[int, str]]) -> tuple[set[str], set[
     def walk(node: syntax.Expr) -> tuple[set[str], set[str]]:
         if node.kind == "select" and node.target is not None and names.get(node.target.id) == "variables":
             return (set(), set()) if node.test_only else ({node.name}, set())
-        parts = [walk(child) for child in node.children()]
-        if node.kind == "call" and node.name == "_&&_":
-            return ({v for v in parts[0][0] if v in parts[1][0]},
-                    set().union(*(errs | not_true for errs, not_true in parts)))
-        if node.kind == "call" and node.name == "_||_":
-            first, second = (errs | not_true for errs, not_true in parts)
-            return {v for v in parts[0][0] if v in parts[1][0]}, first & second
-        if node.kind == "call" and node.name == "_?_:_":
-            (cond, _), (then, then_not), (other, other_not) = parts
-            return cond | (then & other), cond | ((then | then_not) & (other | other_not))
-        if node.kind == "call" and node.name in _NOT_STRICT:
-            return set(), set()
         if node.kind == "comprehension":   # the range and the initial value; the steps may not run
             return set().union(*(walk(node.comprehension[key])[0] for key in ("iter_range", "accu_init")
                                  if key in node.comprehension)), set()
+        if node.kind == "call" and node.name in _NOT_STRICT:
+            return set(), set()
+        parts = [walk(child) for child in node.children()]
+        if node.kind == "call" and node.name == "_&&_":
+            return parts[0][0] & parts[1][0], set().union(*(errs | not_true for errs, not_true in parts))
+        if node.kind == "call" and node.name == "_||_":
+            (first, first_not), (second, second_not) = parts
+            return first & second, (first | first_not) & (second | second_not)
+        if node.kind == "call" and node.name == "_?_:_":
+            (cond, _), (then, then_not), (other, other_not) = parts
+            return cond | (then & other), cond | ((then | then_not) & (other | other_not))
         return set().union(*(errs for errs, _ in parts)), set()
     return walk(root)
 
